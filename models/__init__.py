@@ -1,0 +1,1 @@
+"""The contract as code: closed schemas, error catalog, canonical JSON, digests and ids."""

@@ -1,0 +1,28 @@
+"""The result envelope every tool returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.errors import CATALOG
+
+REDACTION_CLASS = "high"
+
+
+def success(value: dict[str, Any], audit_id: str) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "output": {"schema_version": 1, "value": value},
+        "auditId": audit_id,
+        "redactionClass": REDACTION_CLASS,
+    }
+
+
+def failure(code: str, audit_id: str) -> dict[str, Any]:
+    spec = CATALOG[code]
+    return {
+        "ok": False,
+        "auditId": audit_id,
+        "redactionClass": REDACTION_CLASS,
+        "error": {"code": code, "message": spec.message, "retriable": spec.retriable},
+    }
