@@ -1,0 +1,1 @@
+"""DuckDB source of truth: schema, lifecycle engine, journal, idempotency, encryption, admission policy."""
