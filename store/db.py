@@ -1,0 +1,119 @@
+"""The DuckDB handle: single-owner open, transactions, per-scope dense cursors and hash chain."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from models.canonical import canonical_text
+from models.digests import ZERO_DIGEST, receipt_digest
+from store.schema import migrate
+
+
+class StoreBusyError(RuntimeError):
+    """Another process owns the data directory (DuckDB allows one writer)."""
+
+
+class Database:
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(data_dir, 0o700)
+        # An advisory lock first, so a second server fails with a clear message before
+        # DuckDB's own (less readable) lock error.
+        self._lock_fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._lock_fd)
+            raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process") from exc
+        try:
+            self.con = duckdb.connect(str(data_dir / "engram.duckdb"))
+        except duckdb.IOException as exc:
+            os.close(self._lock_fd)
+            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from exc
+        migrate(self.con)
+        row = self.con.execute("SELECT value FROM meta WHERE key = 'storage_epoch'").fetchone()
+        epoch = int(row[0]) + 1 if row else 1
+        self.con.execute(
+            "INSERT INTO meta VALUES ('storage_epoch', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [str(epoch)],
+        )
+        self.storage_epoch = str(epoch)
+
+    def close(self) -> None:
+        try:
+            self.con.execute("CHECKPOINT")
+        finally:
+            self.con.close()
+            os.close(self._lock_fd)
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        self.con.begin()
+        try:
+            yield self.con
+        except BaseException:
+            self.con.rollback()
+            raise
+        self.con.commit()
+
+    def one(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...] | None:
+        return self.con.execute(sql, params or []).fetchone()
+
+    def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params or []).fetchall()
+
+    # -- journal -------------------------------------------------------------------------
+
+    def high_water(self, scope_ref: str) -> int:
+        row = self.one("SELECT high_water FROM scopes WHERE scope_ref = ?", [scope_ref])
+        return int(row[0]) if row else 0
+
+    def append_event(self, con: duckdb.DuckDBPyConnection, scope_ref: str, event: dict[str, Any]) -> dict[str, Any]:
+        """Append one event at the scope's next cursor (inside the caller's transaction).
+
+        The journal is dense and hash-chained per scope: a scope's cursors and counts
+        never reveal another scope's activity.
+        """
+        row = con.execute(
+            "SELECT high_water, last_event_hash FROM scopes WHERE scope_ref = ?", [scope_ref]
+        ).fetchone()
+        if row is None:
+            con.execute("INSERT INTO scopes VALUES (?, 0, ?, 0)", [scope_ref, ZERO_DIGEST])
+            high, previous = 0, ZERO_DIGEST
+        else:
+            high, previous = int(row[0]), row[1]
+        cursor = high + 1
+        body = {"schema_version": 1, **event, "cursor": str(cursor), "previous_event_hash": previous}
+        body["event_hash"] = receipt_digest("memory-journal-event", body, "event_hash")
+        con.execute(
+            "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?)",
+            [scope_ref, cursor, body["event_id"], body["operation"], canonical_text(body), body["event_hash"]],
+        )
+        con.execute(
+            "UPDATE scopes SET high_water = ?, last_event_hash = ? WHERE scope_ref = ?",
+            [cursor, body["event_hash"], scope_ref],
+        )
+        return body
+
+    def verify_journal(self, scope_ref: str) -> bool:
+        """Re-walk a scope's hash chain and cursor density (JOURNAL_CORRUPT / CURSOR_GAP checks)."""
+        import json
+
+        previous, expected = ZERO_DIGEST, 1
+        for cursor, body, event_hash in self.all(
+            "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ? ORDER BY cursor", [scope_ref]
+        ):
+            event = json.loads(body)
+            if int(cursor) != expected or event["previous_event_hash"] != previous:
+                return False
+            if receipt_digest("memory-journal-event", event, "event_hash") != event_hash:
+                return False
+            previous, expected = event_hash, expected + 1
+        return True

@@ -1,0 +1,60 @@
+"""The idempotency ledger: one answer per (scope, principal, key), replayed byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import duckdb
+
+from models.canonical import canonical_text, nfc
+from models.context import HostContext
+from models.digests import receipt_digest
+from models.errors import EngramError
+from store.db import Database
+
+
+def key_digest(idempotency_key: str) -> str:
+    return hashlib.sha256(nfc(idempotency_key).encode("utf-8")).hexdigest()
+
+
+def intent_hash(tool: str, arguments: dict[str, Any]) -> str:
+    """Binds tool, canonical arguments (after NFC and defaults) and target into one digest."""
+    return receipt_digest("connector-intent", {"tool": tool, "arguments": arguments})
+
+
+def lookup(db: Database, ctx: HostContext, idempotency_key: str, intent: str) -> dict[str, Any] | None:
+    """The stored first answer for a replay; DIGEST_CONFLICT when the key means something else."""
+    row = db.one(
+        "SELECT intent_hash, value FROM idempotency WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
+        [ctx.scope_ref, ctx.principal, key_digest(idempotency_key)],
+    )
+    if row is None:
+        return None
+    if row[0] != intent:
+        raise EngramError("DIGEST_CONFLICT", "idempotency key bound to another intent")
+    return json.loads(row[1])
+
+
+def store(
+    con: duckdb.DuckDBPyConnection,
+    ctx: HostContext,
+    idempotency_key: str,
+    tool: str,
+    intent: str,
+    value: dict[str, Any],
+    created_at: str,
+) -> None:
+    con.execute(
+        "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [ctx.scope_ref, ctx.principal, key_digest(idempotency_key), tool, intent, canonical_text(value), created_at],
+    )
+
+
+def update(con: duckdb.DuckDBPyConnection, ctx: HostContext, idempotency_key: str, value: dict[str, Any]) -> None:
+    """Record the final answer once a post-commit step (key destruction, purge) completed."""
+    con.execute(
+        "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
+        [canonical_text(value), ctx.scope_ref, ctx.principal, key_digest(idempotency_key)],
+    )

@@ -1,0 +1,490 @@
+"""The lifecycle engine: capture, request_admission, withdraw, forget, expiry.
+
+Each mutation is ONE DuckDB transaction covering the journal event, the state rows, the
+idempotency ledger entry and the tombstone set. Key destruction and projection updates
+follow the commit and are idempotent, so a crash in between converges on restart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from models.canonical import canonical_bytes, canonical_text
+from models.context import HostContext, HostPolicy
+from models.digests import (
+    DOMAIN_PREFIX,
+    digest,
+    payload_digest,
+    receipt_digest,
+    record_digest,
+    record_id_from_digest,
+)
+from models.digests import candidate_id as derive_candidate_id
+from models.errors import EngramError
+from store import ledger
+from store.crypto import KeyStore, open_sealed, seal
+from store.db import Database
+from store.policy import DefaultAdmissionPolicy
+from store.timeutil import from_instant, to_instant
+
+AUTHZ_POLICY_VERSION = "engram-memory:launch-bound:v1"
+ASSERTED_VERIFIER = "graphify-memory:asserted"
+NON_TERMINAL_RECORD_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
+
+
+def authorization_receipt(ctx: HostContext, operation: str, resource: dict[str, Any]) -> str:
+    """The launch-bound host's allow receipt: deterministic, binds scope, principal and agent."""
+    resource_digest = digest(
+        f"{DOMAIN_PREFIX}/authorization-resource/v1\0", {"operation": operation, "resource": resource}
+    )
+    return receipt_digest(
+        "authorization-allowed",
+        {
+            "allowed": True,
+            "operation": operation,
+            "resource_digest": resource_digest,
+            "scope_ref": ctx.scope_ref,
+            "principal": ctx.principal,
+            "agent_id": ctx.agent_id,
+            "policy_version": AUTHZ_POLICY_VERSION,
+        },
+    )
+
+
+def pending_context(candidate_id: str) -> bytes:
+    return receipt_digest("pending-context", {"candidate_id": candidate_id}).encode()
+
+
+def record_context(record_id: str) -> bytes:
+    return receipt_digest("record-context", {"record_id": record_id}).encode()
+
+
+def lexical_fields(record: dict[str, Any]) -> dict[str, str]:
+    """The accepted lexical document of REFERENCE_CONTRACT §6.4."""
+    fields = {"primary": "", "decision": "", "evidence": "", "context": "", "citations": ""}
+    by_kind: dict[str, list[str]] = {"decision": [], "evidence": [], "context": []}
+    for component in record["components"]:
+        by_kind[component["kind"]].append(component["text"])
+        if component["component_id"] == record["primary_component_id"]:
+            fields["primary"] = component["text"]
+    for kind, texts in by_kind.items():
+        fields[kind] = "\n".join(texts)
+    fields["citations"] = "\n".join(c["source_ref"] for c in record["citations"])
+    return fields
+
+
+@dataclass
+class AdmittedRecord:
+    """What the projections need after an acceptance commit."""
+
+    scope_ref: str
+    record: dict[str, Any]
+    cursor: int
+
+
+class Lifecycle:
+    def __init__(self, db: Database, keys: KeyStore, policy: HostPolicy) -> None:
+        self.db = db
+        self.keys = keys
+        self.host_policy = policy
+        self.admission_policy = DefaultAdmissionPolicy()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _transaction_receipt(self, operation: str, cursor: int, event_hash: str, committed_at: str,
+                             rec_digest: str | None = None) -> str:
+        body: dict[str, Any] = {
+            "operation": operation,
+            "cursor": str(cursor),
+            "storage_epoch": self.db.storage_epoch,
+            "event_digest": event_hash,
+            "committed_at": committed_at,
+        }
+        if rec_digest is not None:
+            body["record_digest"] = rec_digest
+        return receipt_digest("canonical-transaction", body)
+
+    def _effective_payload(self, ctx: HostContext, payload: dict[str, Any], now: int) -> dict[str, Any]:
+        retention = dict(payload.get("retention") or {"derivative_rule": "make-ineligible"})
+        reconciliation = payload.get("reconciliation") or {"family_refs": []}
+        if "expires_at" in retention:
+            expires = from_instant(retention["expires_at"])
+            if expires <= now:
+                raise EngramError("INVALID_SCHEMA", "expires_at not after capture time")
+            ceiling = self.host_policy.retention_ceiling_ms
+            if ceiling is not None and expires - now > ceiling:
+                raise EngramError("UNAUTHORIZED", "expires_at beyond host ceiling")
+        if retention["derivative_rule"] == "retain" and not self.host_policy.allow_retain:
+            raise EngramError("UNAUTHORIZED", "retain not allowed by host")
+        if any(f not in self.host_policy.consented_families for f in reconciliation["family_refs"]):
+            raise EngramError("UNAUTHORIZED", "reconciliation family without host consent")
+        return {**payload, "scope_ref": ctx.scope_ref, "retention": retention, "reconciliation": reconciliation}
+
+    # -- capture -------------------------------------------------------------------------
+
+    def capture(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
+        key = args["idempotency_key"]
+        intent = ledger.intent_hash("capture", args)
+        replay = ledger.lookup(self.db, ctx, key, intent)
+        if replay is not None:
+            return {**replay, "status": "duplicate_exact"}
+
+        payload = self._effective_payload(ctx, args["payload"], now)
+        evidence = args["evidence"]
+        cid = derive_candidate_id(ctx.source_ref, "0", key)
+        recorded_at = to_instant(now)
+        pd = payload_digest(payload)
+        auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
+        trust = {
+            "class": "asserted",
+            "evidence_digest": evidence["evidence_digest"],
+            "verifier_id": ASSERTED_VERIFIER,
+            "verifier_version": "1",
+            "issued_at": recorded_at,
+            "revocation_epoch": "0",
+        }
+        trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
+        key_ref, dek = self.keys.create()
+        with self.db.transaction() as con:
+            cursor = self.db.high_water(ctx.scope_ref) + 1
+            record = self._build_record(payload, pd, recorded_at, cursor, auth, trust)
+            envelope = canonical_bytes(
+                {
+                    "schema_version": 1,
+                    "payload": payload,
+                    "evidence": evidence,
+                    "authorization_receipt_digest": auth,
+                    "trust": trust,
+                    "recorded_at": recorded_at,
+                }
+            )
+            event = self.db.append_event(
+                con,
+                ctx.scope_ref,
+                {
+                    "event_id": "capture:" + cid,
+                    "recorded_at": recorded_at,
+                    "operation": "capture",
+                    "candidate_id": cid,
+                    "to_state": "pending",
+                    "authorization_receipt_digest": auth,
+                },
+            )
+            con.execute(
+                "INSERT INTO candidates VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, NULL)",
+                [cid, ctx.scope_ref, ctx.principal, cursor, recorded_at, pd, record["record_digest"], key_ref,
+                 seal(dek, envelope, pending_context(cid))],
+            )
+            value = {
+                "status": "committed_pending",
+                "candidate_id": cid,
+                "record_digest": record["record_digest"],
+                "cursor": str(cursor),
+                "transaction_receipt_digest": self._transaction_receipt(
+                    "capture", cursor, event["event_hash"], recorded_at
+                ),
+            }
+            ledger.store(con, ctx, key, "capture", intent, value, recorded_at)
+        return value
+
+    @staticmethod
+    def _build_record(payload: dict[str, Any], pd: str, recorded_at: str, cursor: int, auth: str,
+                      trust: dict[str, Any]) -> dict[str, Any]:
+        record = {
+            **payload,
+            "payload_digest": pd,
+            "recorded_at": recorded_at,
+            "recorded_cursor": str(cursor),
+            "authorization_receipt_digest": auth,
+            "trust": trust,
+        }
+        rd = record_digest(record)
+        return {**record, "record_digest": rd, "record_id": record_id_from_digest(rd)}
+
+    def _candidate(self, ctx: HostContext, cid: str) -> tuple[Any, ...] | None:
+        # One query shape for unknown and foreign ids: both simply find no row.
+        return self.db.one(
+            "SELECT state, created_cursor, recorded_at, key_ref, envelope, outcome, payload_digest"
+            " FROM candidates WHERE candidate_id = ? AND scope_ref = ?",
+            [cid, ctx.scope_ref],
+        )
+
+    # -- request_admission ---------------------------------------------------------------
+
+    def request_admission(self, ctx: HostContext, args: dict[str, Any], now: int
+                          ) -> tuple[dict[str, Any], AdmittedRecord | None]:
+        key, cid = args["idempotency_key"], args["candidate_id"]
+        intent = ledger.intent_hash("request_admission", args)
+        replay = ledger.lookup(self.db, ctx, key, intent)
+        if replay is not None:
+            return {**replay, "replayed": True}, None
+        row = self._candidate(ctx, cid)
+        if row is None or row[0] == "withdrawn":
+            raise EngramError("NOT_FOUND")
+        state, created_cursor, _recorded_at, key_ref, sealed, outcome, _pd = row
+        if state in ("accepted", "rejected"):
+            # Decided earlier under another key: the same decision, marked as a duplicate.
+            return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
+        dek = self.keys.load(key_ref) if key_ref else None
+        if dek is None or sealed is None:
+            raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
+        env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
+        payload, evidence = env["payload"], env["evidence"]
+        record = self._build_record(
+            payload, payload_digest(payload), env["recorded_at"], int(created_cursor),
+            env["authorization_receipt_digest"], env["trust"],
+        )
+        decision = self.admission_policy.decide(payload, evidence)
+        if decision == "accept" and self._tombstoned(ctx.scope_ref, record["payload_digest"]):
+            decision = "adjudication_required"  # forgotten content is never silently re-admitted
+        issued_at = to_instant(now)
+        envelope = {
+            "policy_id": self.admission_policy.policy_id,
+            "policy_version": self.admission_policy.policy_version,
+            "record_digest": record["record_digest"],
+            "decision": decision,
+            "issued_at": issued_at,
+        }
+        envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
+        decision_digest = envelope["receipt_digest"]
+        if decision == "adjudication_required":
+            pending_cursor = str(created_cursor)
+            return {
+                "outcome": {
+                    "status": "pending_adjudication",
+                    "candidate_id": cid,
+                    "cursor": pending_cursor,
+                    "decision_receipt_digest": decision_digest,
+                    "transaction_receipt_digest": receipt_digest(
+                        "admission-pending",
+                        {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
+                    ),
+                },
+                "replayed": False,
+            }, None
+
+        auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
+        accepted = decision == "accept"
+        admitted: AdmittedRecord | None = None
+        record_key = self.keys.create() if accepted else None
+        with self.db.transaction() as con:
+            event_body: dict[str, Any] = {
+                "event_id": "admission:" + cid,
+                "recorded_at": record["recorded_at"],
+                "operation": "accept" if accepted else "reject",
+                "candidate_id": cid,
+                "to_state": "accepted_current" if accepted else "rejected",
+                "authorization_receipt_digest": auth,
+                "admission_decision": envelope,
+            }
+            if accepted:
+                event_body["record_id"] = record["record_id"]
+                event_body["record_digest"] = record["record_digest"]
+            event = self.db.append_event(con, ctx.scope_ref, event_body)
+            cursor = int(event["cursor"])
+            outcome_value: dict[str, Any] = {
+                "status": "accepted" if accepted else "rejected",
+                "candidate_id": cid,
+                "cursor": str(cursor),
+                "decision_receipt_digest": decision_digest,
+                "transaction_receipt_digest": self._transaction_receipt(
+                    event_body["operation"], cursor, event["event_hash"], issued_at,
+                    record["record_digest"] if accepted else None,
+                ),
+            }
+            if accepted:
+                assert record_key is not None
+                outcome_value["record_id"] = record["record_id"]
+                rkey_ref, rdek = record_key
+                valid = record["valid_time"]
+                expires = record["retention"].get("expires_at")
+                con.execute(
+                    "INSERT INTO records VALUES (?, ?, ?, 'accepted_current', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [record["record_id"], ctx.scope_ref, cid, record["record_digest"], record["payload_digest"],
+                     int(created_cursor), valid["t"], valid.get("t_end"),
+                     from_instant(expires) if expires else None, rkey_ref,
+                     seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
+                )
+                con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, ctx.scope_ref])
+                admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
+            con.execute(
+                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
+                ["accepted" if accepted else "rejected", canonical_text(outcome_value), cid],
+            )
+            value = {"outcome": outcome_value, "replayed": False}
+            ledger.store(con, ctx, key, "request_admission", intent, value, issued_at)
+        self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open
+        return value, admitted
+
+    def _tombstoned(self, scope_ref: str, pd: str) -> bool:
+        return self.db.one(
+            "SELECT 1 FROM tombstoned_payloads WHERE scope_ref = ? AND payload_digest = ? LIMIT 1", [scope_ref, pd]
+        ) is not None
+
+    # -- withdraw ------------------------------------------------------------------------
+
+    def withdraw(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
+        key, cid = args["idempotency_key"], args["candidate_id"]
+        intent = ledger.intent_hash("withdraw", args)
+        replay = ledger.lookup(self.db, ctx, key, intent)
+        if replay is not None:
+            return {**replay, "replayed": True}
+        row = self._candidate(ctx, cid)
+        if row is None:
+            raise EngramError("NOT_FOUND")
+        state, key_ref = row[0], row[3]
+        if state == "withdrawn":
+            raise EngramError("ALREADY_TERMINAL")
+        if state != "pending":
+            raise EngramError("ILLEGAL_TRANSITION")
+        at = to_instant(now)
+        auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
+        with self.db.transaction() as con:
+            event = self.db.append_event(
+                con,
+                ctx.scope_ref,
+                {
+                    "event_id": "withdraw:" + cid,
+                    "recorded_at": at,
+                    "operation": "withdraw",
+                    "candidate_id": cid,
+                    "from_state": "pending",
+                    "to_state": "withdrawn",
+                    "authorization_receipt_digest": auth,
+                    "reason_ref": args["reason_ref"],
+                },
+            )
+            con.execute(
+                "UPDATE candidates SET state = 'withdrawn', key_ref = NULL, envelope = NULL WHERE candidate_id = ?",
+                [cid],
+            )
+            receipt = self._lifecycle_receipt(event, "withdraw", "pending", "withdrawn", auth, at)
+            # Written as "pending" in the same transaction; upgraded once the key is gone, so a
+            # replay always returns the answer the first call gave.
+            value = {"receipt": receipt, "replayed": False, "key_destruction": "pending"}
+            ledger.store(con, ctx, key, "withdraw", intent, value, at)
+        if key_ref is None or self.keys.destroy(key_ref):
+            value = {**value, "key_destruction": "complete"}
+            ledger.update(self.db.con, ctx, key, value)
+        return value
+
+    def _lifecycle_receipt(self, event: dict[str, Any], operation: str, from_state: str, to_state: str,
+                           auth: str, at: str) -> dict[str, Any]:
+        cursor = int(event["cursor"])
+        return {
+            "event_id": event["event_id"],
+            "operation": operation,
+            "from_state": from_state,
+            "to_state": to_state,
+            "cursor": str(cursor),
+            "event_digest": event["event_hash"],
+            "authorization_receipt_digest": auth,
+            "transaction_receipt_digest": self._transaction_receipt(operation, cursor, event["event_hash"], at),
+        }
+
+    # -- forget --------------------------------------------------------------------------
+
+    def forget(self, ctx: HostContext, args: dict[str, Any], now: int) -> tuple[dict[str, Any], str | None]:
+        """Tombstone a record; returns the value and the record_id whose projections must be purged
+        (None for a replay)."""
+        key, rid = args["idempotency_key"], args["record_id"]
+        intent = ledger.intent_hash("forget", args)
+        replay = ledger.lookup(self.db, ctx, key, intent)
+        if replay is not None:
+            return {**replay, "replayed": True}, None
+        row = self.db.one(
+            "SELECT state, key_ref, payload_digest FROM records WHERE record_id = ? AND scope_ref = ?",
+            [rid, ctx.scope_ref],
+        )
+        if row is None:
+            raise EngramError("NOT_FOUND")
+        state, key_ref, pd = row
+        if state == "tombstoned":
+            raise EngramError("ALREADY_TERMINAL")
+        if state not in NON_TERMINAL_RECORD_STATES:
+            raise EngramError("ILLEGAL_TRANSITION")
+        at = to_instant(now)
+        auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
+        with self.db.transaction() as con:
+            event = self.db.append_event(
+                con,
+                ctx.scope_ref,
+                {
+                    "event_id": "tombstone:" + rid,
+                    "recorded_at": at,
+                    "operation": "tombstone",
+                    "record_id": rid,
+                    "from_state": state,
+                    "to_state": "tombstoned",
+                    "authorization_receipt_digest": auth,
+                    "reason_ref": args["reason_ref"],
+                },
+            )
+            cursor = int(event["cursor"])
+            con.execute(
+                "UPDATE records SET state = 'tombstoned', key_ref = NULL, body = NULL WHERE record_id = ?", [rid]
+            )
+            con.execute("DELETE FROM embeddings WHERE record_id = ?", [rid])
+            con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)", [ctx.scope_ref, pd, rid, cursor])
+            con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, ctx.scope_ref])
+            receipt = self._lifecycle_receipt(event, "tombstone", state, "tombstoned", auth, at)
+            value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
+            ledger.store(con, ctx, key, "forget", intent, value, at)
+        if key_ref is not None:
+            self.keys.destroy(key_ref)  # crypto-shreds the body; an orphan is swept at the next open
+        return value, rid
+
+    def complete_forget(self, ctx: HostContext, idempotency_key: str, value: dict[str, Any],
+                        coverage_digest: str) -> dict[str, Any]:
+        """Called once every projection has physically dropped the record."""
+        value = {**value, "projection_invalidation": "complete", "coverage_receipt_digest": coverage_digest}
+        ledger.update(self.db.con, ctx, idempotency_key, value)
+        return value
+
+    # -- expiry maintenance --------------------------------------------------------------
+
+    def expire_due(self, scope_ref: str, now: int) -> list[str]:
+        """Append an expire event for each record past retention.expires_at (REFERENCE §7.4)."""
+        due = self.db.all(
+            "SELECT record_id, state, record_digest, expires_at_ms FROM records WHERE scope_ref = ?"
+            " AND state IN ('accepted_current', 'accepted_disputed', 'historical') AND expires_at_ms <= ?"
+            " ORDER BY record_id",
+            [scope_ref, now],
+        )
+        if not due:
+            return []
+        at = to_instant(now)
+        with self.db.transaction() as con:
+            cursor = 0
+            for rid, state, rd, expires_ms in due:
+                expires_at = to_instant(int(expires_ms))
+                auth = receipt_digest("retention-expiry", {"record_id": rid, "expires_at": expires_at})
+                event = self.db.append_event(
+                    con,
+                    scope_ref,
+                    {
+                        "event_id": f"maintenance:expire:{rid}:{expires_at}",
+                        "recorded_at": at,
+                        "operation": "expire",
+                        "record_id": rid,
+                        "from_state": state,
+                        "to_state": "expired",
+                        "record_digest": rd,
+                        "authorization_receipt_digest": auth,
+                        "reason_ref": "memory:retention-expiry",
+                    },
+                )
+                cursor = int(event["cursor"])
+                con.execute("UPDATE records SET state = 'expired' WHERE record_id = ?", [rid])
+            con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, scope_ref])
+        return [r[0] for r in due]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def load_record(self, record_id: str, key_ref: str, body: bytes) -> dict[str, Any] | None:
+        dek = self.keys.load(key_ref)
+        if dek is None:
+            return None
+        return json.loads(open_sealed(dek, body, record_context(record_id)))

@@ -1,0 +1,73 @@
+"""The default host admission policy.
+
+Accept a valid candidate, reject one whose text or citations carry secret-like content
+(TOOL_CONTRACT §4). Detection uses the maintained ``detect-secrets`` plugins (minus the
+entropy heuristics, which fire on ordinary prose) plus a few patterns for material it
+does not cover (.env assignments, cookies, connection strings with credentials).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from detect_secrets.core.scan import scan_line
+from detect_secrets.settings import default_settings
+
+POLICY_ID = "engram-memory:default-admission"
+POLICY_VERSION = "1"
+
+Decision = Literal["accept", "reject", "adjudication_required"]
+
+_EXTRA_PATTERNS = [
+    # .env style assignment of a secret-named variable to a non-trivial value
+    re.compile(
+        r"(?im)^\s*(export\s+)?[A-Z0-9_]*(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)"
+        r"[A-Z0-9_]*\s*=\s*\S{6,}"
+    ),
+    # URI with inline user:password credentials (databases, brokers, http)
+    re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,20}://[^\s/:@]+:[^\s/@]+@[^\s/]+"),
+    # ODBC / ADO style connection strings with a password
+    re.compile(r"(?i)\b(password|pwd)\s*=\s*[^;\s]{3,}\s*;"),
+    # session cookies and bearer tokens
+    re.compile(r"(?i)\b(set-cookie|cookie)\s*:\s*\S+=\S{8,}"),
+    re.compile(r"(?i)\bbearer\s+[a-z0-9._~+/=-]{16,}"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    # "password: value" in prose or YAML
+    re.compile(
+        r"(?i)\b(password|passwd|passphrase|secret|api[_ -]?key|access[_ -]?token|auth[_ -]?token)"
+        r"\s*[:=]\s*[\"']?[^\s\"']{6,}"
+    ),
+]
+
+
+def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterable[str]:
+    for component in payload["components"]:
+        yield component["text"]
+    for citation in payload["citations"]:
+        yield citation["source_ref"]
+        yield citation["locator"]["scheme"]
+        yield citation["locator"]["value"]
+    yield evidence["evidence_ref"]
+    if "attestation" in evidence:
+        yield evidence["attestation"]
+
+
+def contains_secret(texts: Iterable[str]) -> bool:
+    with default_settings():
+        for text in texts:
+            if any(p.search(text) for p in _EXTRA_PATTERNS):
+                return True
+            for line in text.splitlines() or [text]:
+                if any("High Entropy" not in found.type for found in scan_line(line)):
+                    return True
+    return False
+
+
+class DefaultAdmissionPolicy:
+    policy_id = POLICY_ID
+    policy_version = POLICY_VERSION
+
+    def decide(self, payload: dict[str, Any], evidence: dict[str, Any]) -> Decision:
+        return "reject" if contains_secret(_texts(payload, evidence)) else "accept"

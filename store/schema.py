@@ -1,0 +1,125 @@
+"""DuckDB schema, applied through a migrations ledger (each migration's SQL digest is recorded)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import duckdb
+
+from store.timeutil import to_instant, wall_clock
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "core lifecycle tables",
+        """
+        CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL);
+        -- one row per tenant/workspace scope: its own dense cursor and hash chain
+        CREATE TABLE scopes (
+            scope_ref VARCHAR PRIMARY KEY,
+            high_water UBIGINT NOT NULL,
+            last_event_hash VARCHAR NOT NULL,
+            projection_cursor UBIGINT NOT NULL
+        );
+        CREATE TABLE journal (
+            scope_ref VARCHAR NOT NULL,
+            cursor UBIGINT NOT NULL,
+            event_id VARCHAR NOT NULL,
+            operation VARCHAR NOT NULL,
+            body VARCHAR NOT NULL,
+            event_hash VARCHAR NOT NULL,
+            PRIMARY KEY (scope_ref, cursor),
+            UNIQUE (scope_ref, event_id)
+        );
+        CREATE TABLE candidates (
+            candidate_id VARCHAR PRIMARY KEY,
+            scope_ref VARCHAR NOT NULL,
+            principal VARCHAR NOT NULL,
+            state VARCHAR NOT NULL,          -- pending | accepted | rejected | withdrawn
+            created_cursor UBIGINT NOT NULL,
+            recorded_at VARCHAR NOT NULL,
+            payload_digest VARCHAR NOT NULL,
+            record_digest VARCHAR NOT NULL,
+            key_ref VARCHAR,                 -- NULL once the data key is destroyed
+            envelope BLOB,                   -- sealed candidate; NULL once terminal
+            outcome VARCHAR                  -- JCS admission outcome once decided
+        );
+        CREATE TABLE records (
+            record_id VARCHAR PRIMARY KEY,
+            scope_ref VARCHAR NOT NULL,
+            candidate_id VARCHAR NOT NULL,
+            state VARCHAR NOT NULL,
+            record_digest VARCHAR NOT NULL,
+            payload_digest VARCHAR NOT NULL,
+            recorded_cursor UBIGINT NOT NULL,
+            valid_t BIGINT NOT NULL,
+            valid_t_end BIGINT,
+            expires_at_ms BIGINT,
+            key_ref VARCHAR,                 -- NULL once forgotten (crypto-shredded)
+            body BLOB                        -- sealed record JCS; NULL once forgotten
+        );
+        CREATE INDEX records_scope ON records (scope_ref, state);
+        CREATE TABLE embeddings (
+            record_id VARCHAR NOT NULL,
+            model_digest VARCHAR NOT NULL,
+            scope_ref VARCHAR NOT NULL,
+            vector BLOB NOT NULL,            -- sealed with the record's key
+            PRIMARY KEY (record_id, model_digest)
+        );
+        CREATE TABLE tombstoned_payloads (
+            scope_ref VARCHAR NOT NULL,
+            payload_digest VARCHAR NOT NULL,
+            record_id VARCHAR NOT NULL,
+            cursor UBIGINT NOT NULL,
+            PRIMARY KEY (scope_ref, payload_digest, record_id)
+        );
+        CREATE TABLE idempotency (
+            scope_ref VARCHAR NOT NULL,
+            principal VARCHAR NOT NULL,
+            key_digest VARCHAR NOT NULL,     -- SHA-256 of the key; the raw key is not kept
+            tool VARCHAR NOT NULL,
+            intent_hash VARCHAR NOT NULL,
+            value VARCHAR NOT NULL,          -- JCS of the first success value
+            created_at VARCHAR NOT NULL,
+            PRIMARY KEY (scope_ref, principal, key_digest)
+        );
+        CREATE TABLE audit (
+            audit_id VARCHAR PRIMARY KEY,
+            at VARCHAR NOT NULL,
+            scope_ref VARCHAR NOT NULL,
+            principal VARCHAR NOT NULL,
+            agent_id VARCHAR NOT NULL,
+            session VARCHAR NOT NULL,
+            tool VARCHAR NOT NULL,
+            ok BOOLEAN NOT NULL,
+            code VARCHAR,
+            idk VARCHAR
+        );
+        """,
+    ),
+]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL,"
+        " digest VARCHAR NOT NULL, applied_at VARCHAR NOT NULL)"
+    )
+    applied = {v: d for v, d in con.execute("SELECT version, digest FROM schema_migrations").fetchall()}
+    for version, name, sql in MIGRATIONS:
+        digest = "sha256:" + hashlib.sha256(sql.encode()).hexdigest()
+        if version in applied:
+            if applied[version] != digest:
+                raise RuntimeError("migration ledger does not match the code (MIGRATION_LEDGER_INVALID)")
+            continue
+        con.begin()
+        try:
+            con.execute(sql)
+            con.execute(
+                "INSERT INTO schema_migrations VALUES (?, ?, ?, ?)",
+                [version, name, digest, to_instant(wall_clock())],
+            )
+            con.commit()
+        except Exception:
+            con.rollback()
+            raise
