@@ -1,20 +1,35 @@
 """The engine facade: the six operations over DuckDB and the projections (no MCP here).
 
-INTERFACE STUB — being implemented; the signatures below are the contract with server/.
+Data flows one way: validated input -> lifecycle (one DuckDB transaction) -> projections
+-> value. Every public method is serialised by one lock: DuckDB has a single writer and
+Tantivy a single index writer, and it keeps journal cursors dense.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from retrieval.lexical import LexicalDoc
+
 from models.context import HostContext, HostPolicy
+from models.digests import receipt_digest
+from retrieval.projections import DEFAULT_HNSW_THRESHOLD, Projections
+from retrieval.ranking import FusionConfig
+from store.crypto import KeyStore, open_sealed, seal
+from store.db import Database, StoreBusyError
+from store.lifecycle import Lifecycle, lexical_fields, record_context
+from store.timeutil import default_clock, to_instant
 
+__all__ = ["AuditEvent", "Engine", "EngineConfig", "StoreBusyError"]
 
-class StoreBusyError(RuntimeError):
-    """Another process owns the data directory (DuckDB allows one writer)."""
+log = logging.getLogger("engram.engine")
 
 
 @dataclass(frozen=True)
@@ -25,6 +40,8 @@ class EngineConfig:
     semantic: bool = True  # load the embedding model in the background
     fusion: str = "rrf"  # rrf | dbsf | convex
     rrf_k: int = 60
+    fusion_weights: tuple[float, float] = (0.5, 0.5)  # lexical, semantic (score-based fusion)
+    hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD
     clock: Callable[[], int] | None = None  # epoch milliseconds; None: wall clock
 
 
@@ -37,18 +54,226 @@ class AuditEvent:
     idempotency_key: str | None  # stored only as "idk_" + 12 hex of its SHA-256
 
 
-class Engine:
-    @classmethod
-    def open(cls, config: EngineConfig) -> Engine:  # raises StoreBusyError
-        raise NotImplementedError
+def embedding_text(record: dict[str, Any]) -> str:
+    return "\n".join(c["text"] for c in record["components"])
 
-    # Each takes the validated input model from models.tools and returns the plain `value`
-    # dict of the tool's output (models.outputs); refusals raise models.errors.EngramError.
-    def search(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def get(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def capture(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def request_admission(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def withdraw(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def forget(self, ctx: HostContext, args: Any) -> dict[str, Any]: ...
-    def record_audit(self, ctx: HostContext, event: AuditEvent) -> None: ...
-    def close(self) -> None: ...
+
+class Engine:
+    def __init__(self, config: EngineConfig, db: Database) -> None:
+        self.config = config
+        self.db = db
+        self.clock = config.clock or default_clock()
+        self.keys = KeyStore(config.data_dir)
+        self.lifecycle = Lifecycle(db, self.keys, config.policy)
+        self.fusion = FusionConfig(
+            method=config.fusion,
+            k=config.rrf_k,
+            weights={"lexical": config.fusion_weights[0], "semantic": config.fusion_weights[1]},
+        )
+        self.projections = Projections(config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold)
+        self.lock = threading.RLock()
+        self.embedder = None
+        if config.semantic:
+            from retrieval.embedder import shared_embedder
+
+            self.embedder = shared_embedder(config.model_path)
+            self.embedder.start()
+
+    @classmethod
+    def open(cls, config: EngineConfig) -> Engine:
+        """Open (or create) a data directory; raises StoreBusyError if another process owns it."""
+        engine = cls(config, Database(config.data_dir))
+        engine.recover()
+        return engine
+
+    def close(self) -> None:
+        with self.lock:
+            self.projections.close()
+            self.db.close()
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Converge after a crash: sweep keys no row references, bring projections up to date."""
+        with self.lock:
+            referenced = {
+                r[0]
+                for r in self.db.all(
+                    "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
+                    " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
+                )
+            }
+            swept = self.keys.sweep_orphans(referenced)
+            if swept:
+                log.info("destroyed %d orphan data keys", swept)
+            for scope_ref, projection_cursor in self.db.all("SELECT scope_ref, projection_cursor FROM scopes"):
+                if self.projections.lexical(scope_ref).cursor != str(projection_cursor):
+                    log.info("projection behind the journal; rebuilding one scope")
+                    self.rebuild_scope(scope_ref)
+            self._backfill_embeddings()
+
+    # -- projections ---------------------------------------------------------------------
+
+    def _live_records(self, scope_ref: str) -> list[dict[str, Any]]:
+        rows = self.db.all(
+            "SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = 'accepted_current'"
+            " ORDER BY record_id",
+            [scope_ref],
+        )
+        out = []
+        for rid, key_ref, body in rows:
+            record = self.lifecycle.load_record(rid, key_ref, body)
+            if record is not None:
+                out.append(record)
+        return out
+
+    def _stored_vectors(self, scope_ref: str) -> tuple[list[str], np.ndarray] | None:
+        if self.embedder is None:
+            return None
+        rows = self.db.all(
+            "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
+            " WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = 'accepted_current' ORDER BY e.record_id",
+            [scope_ref, self.embedder.model_digest],
+        )
+        ids, vecs = [], []
+        for rid, key_ref, blob in rows:
+            dek = self.keys.load(key_ref)
+            if dek is None:
+                continue
+            ids.append(rid)
+            vecs.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
+        return (ids, np.vstack(vecs)) if ids else (ids, np.zeros((0, self.projections.dim), np.float32))
+
+    def rebuild_scope(self, scope_ref: str) -> None:
+        with self.lock:
+            records = self._live_records(scope_ref)
+            docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
+            cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
+            self.projections.rebuild(scope_ref, docs, self._stored_vectors(scope_ref), int(cursor[0]) if cursor else 0)
+
+    def scopes(self) -> list[str]:
+        return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
+
+    def _embed_and_store(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+        """Embed admitted records once (kept in DuckDB, sealed with the record key) and index them."""
+        if self.embedder is None or self.embedder.state != "ready" or not records:
+            return
+        vectors = self.embedder.encode([embedding_text(r) for r in records])
+        with self.db.transaction() as con:
+            for record, vec in zip(records, vectors, strict=True):
+                rid = record["record_id"]
+                row = con.execute("SELECT key_ref FROM records WHERE record_id = ?", [rid]).fetchone()
+                dek = self.keys.load(row[0]) if row and row[0] else None
+                if dek is None:
+                    continue
+                con.execute(
+                    "INSERT INTO embeddings VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [rid, self.embedder.model_digest, scope_ref,
+                     seal(dek, np.asarray(vec, np.float32).tobytes(), record_context(rid))],
+                )
+        self.projections.add_vectors(scope_ref, [r["record_id"] for r in records], vectors, cursor)
+
+    def _backfill_embeddings(self) -> None:
+        """Embed records admitted while the model was not ready (called when it becomes ready)."""
+        if self.embedder is None or self.embedder.state != "ready":
+            return
+        with self.lock:
+            for scope_ref in self.scopes():
+                missing = self.db.all(
+                    "SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = 'accepted_current'"
+                    " AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id"
+                    " AND e.model_digest = ?) ORDER BY record_id",
+                    [scope_ref, self.embedder.model_digest],
+                )
+                records = [r for r in (self.lifecycle.load_record(*m) for m in missing) if r is not None]
+                cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
+                for start in range(0, len(records), 256):
+                    self._embed_and_store(scope_ref, records[start:start + 256], int(cursor[0]))
+
+    def semantic_ready(self) -> bool:
+        if self.embedder is None or self.embedder.state != "ready":
+            return False
+        if not getattr(self, "_backfilled", False):
+            self._backfilled = True
+            self._backfill_embeddings()
+        return True
+
+    # -- the six operations --------------------------------------------------------------
+
+    def capture(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        with self.lock:
+            return self.lifecycle.capture(ctx, _plain(args), self.clock())
+
+    def request_admission(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        with self.lock:
+            value, admitted = self.lifecycle.request_admission(ctx, _plain(args), self.clock())
+            if admitted is not None:
+                record = admitted.record
+                self.projections.add_lexical(
+                    admitted.scope_ref, [LexicalDoc(record["record_id"], lexical_fields(record))], admitted.cursor
+                )
+                if self.semantic_ready():
+                    self._embed_and_store(admitted.scope_ref, [record], admitted.cursor)
+            return value
+
+    def withdraw(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        with self.lock:
+            return self.lifecycle.withdraw(ctx, _plain(args), self.clock())
+
+    def forget(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        with self.lock:
+            plain = _plain(args)
+            value, rid = self.lifecycle.forget(ctx, plain, self.clock())
+            if rid is None:
+                return value  # replay: the first answer, byte for byte
+            cursor = int(value["receipt"]["cursor"])
+            try:
+                self.projections.remove(ctx.scope_ref, [rid], cursor)
+            except Exception:  # noqa: BLE001 - reported as pending; recover() rebuilds the scope
+                log.exception("projection purge failed; invalidation stays pending")
+                return value
+            coverage = receipt_digest(
+                "projection-invalidation",
+                {
+                    "through_cursor": str(cursor),
+                    "projection_receipts": [
+                        {"projection_id": "lexical:tantivy", "through_cursor": str(cursor)},
+                        {"projection_id": "semantic:vectors", "through_cursor": str(cursor)},
+                    ],
+                    "complete": True,
+                },
+            )
+            return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, coverage)
+
+    def get(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        from retrieval.search import get_record
+
+        with self.lock:
+            return get_record(self, ctx, _plain(args))
+
+    def search(self, ctx: HostContext, args: Any) -> dict[str, Any]:
+        from retrieval.search import search
+
+        with self.lock:
+            return search(self, ctx, _plain(args))
+
+    # -- audit ---------------------------------------------------------------------------
+
+    def record_audit(self, ctx: HostContext, event: AuditEvent) -> None:
+        idk = None
+        if event.idempotency_key is not None:
+            idk = "idk_" + hashlib.sha256(event.idempotency_key.encode("utf-8")).hexdigest()[:12]
+        with self.lock:
+            self.db.con.execute(
+                "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
+                 ctx.session, event.tool, event.ok, event.code, idk],
+            )
+
+
+def _plain(args: Any) -> dict[str, Any]:
+    if isinstance(args, dict):
+        return args
+    from models.tools import to_plain
+
+    return to_plain(args)

@@ -85,7 +85,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE TABLE audit (
             audit_id VARCHAR PRIMARY KEY,
-            at VARCHAR NOT NULL,
+            called_at VARCHAR NOT NULL,
             scope_ref VARCHAR NOT NULL,
             principal VARCHAR NOT NULL,
             agent_id VARCHAR NOT NULL,

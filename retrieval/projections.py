@@ -1,0 +1,103 @@
+"""Per-scope search projections (one Tantivy index and one vector index per tenant/workspace).
+
+Each scope gets its own directory, so a search can never rank another scope's record and
+index statistics never mix scopes. Projections are derived data: the store can always
+rebuild them, and each records the journal cursor it reflects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from retrieval.lexical import LexicalDoc, LexicalIndex
+from retrieval.vectors import VectorIndex
+
+DEFAULT_HNSW_THRESHOLD = 20_000
+
+
+def scope_dirname(scope_ref: str) -> str:
+    return hashlib.sha256(scope_ref.encode("utf-8")).hexdigest()[:32]
+
+
+class Projections:
+    def __init__(self, root: Path, dim: int = 384, hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dim = dim
+        self.hnsw_threshold = hnsw_threshold
+        self._lexical: dict[str, LexicalIndex] = {}
+        self._vectors: dict[str, VectorIndex] = {}
+        self._lock = threading.RLock()
+
+    def scope_dir(self, scope_ref: str) -> Path:
+        return self.root / scope_dirname(scope_ref)
+
+    def lexical(self, scope_ref: str) -> LexicalIndex:
+        with self._lock:
+            if scope_ref not in self._lexical:
+                self._lexical[scope_ref] = LexicalIndex.open(self.scope_dir(scope_ref) / "lexical")
+            return self._lexical[scope_ref]
+
+    def vectors(self, scope_ref: str) -> VectorIndex:
+        with self._lock:
+            if scope_ref not in self._vectors:
+                self._vectors[scope_ref] = VectorIndex.open(
+                    self.scope_dir(scope_ref) / "vectors", self.dim, hnsw_threshold=self.hnsw_threshold
+                )
+            return self._vectors[scope_ref]
+
+    def add_lexical(self, scope_ref: str, docs: list[LexicalDoc], cursor: int) -> None:
+        index = self.lexical(scope_ref)
+        index.upsert(docs)
+        index.set_cursor(str(cursor))
+
+    def add_vectors(self, scope_ref: str, ids: list[str], vectors: np.ndarray, cursor: int) -> None:
+        index = self.vectors(scope_ref)
+        index.upsert(ids, vectors)
+        index.set_cursor(str(cursor))
+        index.save()
+
+    def remove(self, scope_ref: str, record_ids: list[str], cursor: int) -> None:
+        """Physically purge the records from both projections (delete + merge / rewrite)."""
+        lexical = self.lexical(scope_ref)
+        lexical.delete(record_ids)
+        lexical.set_cursor(str(cursor))
+        vectors = self.vectors(scope_ref)
+        vectors.delete(record_ids)
+        vectors.set_cursor(str(cursor))
+        vectors.save()
+
+    def rebuild(
+        self,
+        scope_ref: str,
+        docs: Iterable[LexicalDoc],
+        vectors: tuple[list[str], np.ndarray] | None,
+        cursor: int,
+    ) -> None:
+        with self._lock:
+            for cache in (self._lexical, self._vectors):
+                index = cache.pop(scope_ref, None)
+                if index is not None:
+                    index.close()
+            shutil.rmtree(self.scope_dir(scope_ref), ignore_errors=True)
+        lexical = self.lexical(scope_ref)
+        lexical.upsert(list(docs))
+        lexical.set_cursor(str(cursor))
+        vindex = self.vectors(scope_ref)
+        if vectors is not None and vectors[0]:
+            vindex.upsert(vectors[0], vectors[1])
+        vindex.set_cursor(str(cursor))
+        vindex.save()
+
+    def close(self) -> None:
+        with self._lock:
+            for cache in (self._lexical, self._vectors):
+                for index in cache.values():
+                    index.close()
+                cache.clear()

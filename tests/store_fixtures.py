@@ -1,0 +1,57 @@
+"""Builders for valid tool arguments (plain dicts, as models.tools.to_plain produces them)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from models.context import HostContext
+
+T0 = 1_780_000_000_000  # 2026-05-28T20:26:40.000Z
+PURPOSE = "purpose:test"
+
+
+def ctx(tenant: str = "acme", workspace: str = "main", principal: str = "alice") -> HostContext:
+    return HostContext(tenant=tenant, workspace=workspace, principal=principal, agent_id="agent-1",
+                       purpose_ref=PURPOSE)
+
+
+def sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def capture_args(text: str, key: str = "capture-key-000001", **payload_extra: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "schema_version": 2,
+        "purpose_ref": PURPOSE,
+        "valid_time": {"t": T0 - 86_400_000},
+        "components": [{"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["s1"]}],
+        "primary_component_id": "c1",
+        "primary_event": {"at": T0 - 86_400_000, "type_ref": "event:decided", "citation_id": "s1"},
+        "citations": [
+            {
+                "citation_id": "s1",
+                "source_ref": "doc:adr-7",
+                "locator": {"scheme": "path", "value": "docs/adr-7.md#L3"},
+                "content_digest": sha(text),
+            }
+        ],
+        **payload_extra,
+    }
+    return {
+        "idempotency_key": key,
+        "payload": payload,
+        "evidence": {"evidence_ref": "ev:1", "evidence_digest": sha("ev" + text), "citation_ids": ["s1"]},
+    }
+
+
+def admission_args(candidate_id: str, key: str = "admit-key-0000001") -> dict[str, Any]:
+    return {"candidate_id": candidate_id, "idempotency_key": key}
+
+
+def withdraw_args(candidate_id: str, key: str = "withdraw-key-00001") -> dict[str, Any]:
+    return {"candidate_id": candidate_id, "idempotency_key": key, "reason_ref": "reason:obsolete"}
+
+
+def forget_args(record_id: str, key: str = "forget-key-0000001") -> dict[str, Any]:
+    return {"record_id": record_id, "idempotency_key": key, "reason_ref": "reason:user-request"}
