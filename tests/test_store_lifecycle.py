@@ -174,7 +174,8 @@ def test_scope_isolation_not_found(h: Harness) -> None:
 
 
 def test_host_policy_at_capture(tmp_path: Path) -> None:
-    h = Harness(tmp_path / "d", HostPolicy(retention_ceiling_ms=30 * 86_400_000, consented_families=frozenset({"f:ok"})))
+    policy = HostPolicy(retention_ceiling_ms=30 * 86_400_000, consented_families=frozenset({"f:ok"}))
+    h = Harness(tmp_path / "d", policy)
     try:
         def code(**extra) -> str:
             with pytest.raises(EngramError) as err:
