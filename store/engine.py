@@ -10,16 +10,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from retrieval.lexical import LexicalDoc
 
 from models.context import HostContext, HostPolicy
 from models.digests import receipt_digest
+from retrieval.lexical import LexicalDoc
 from retrieval.projections import DEFAULT_HNSW_THRESHOLD, Projections
 from retrieval.ranking import FusionConfig
 from store.crypto import KeyStore, open_sealed, seal
@@ -72,6 +73,7 @@ class Engine:
         )
         self.projections = Projections(config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold)
         self.lock = threading.RLock()
+        self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self.embedder = None
         if config.semantic:
             from retrieval.embedder import shared_embedder
@@ -208,13 +210,33 @@ class Engine:
         with self.lock:
             value, admitted = self.lifecycle.request_admission(ctx, _plain(args), self.clock())
             if admitted is not None:
-                record = admitted.record
-                self.projections.add_lexical(
-                    admitted.scope_ref, [LexicalDoc(record["record_id"], lexical_fields(record))], admitted.cursor
-                )
-                if self.semantic_ready():
-                    self._embed_and_store(admitted.scope_ref, [record], admitted.cursor)
+                if self._batch is not None:
+                    records = self._batch.get(admitted.scope_ref, ([], 0))[0]
+                    records.append(admitted.record)
+                    self._batch[admitted.scope_ref] = (records, admitted.cursor)
+                else:
+                    self._project_admitted(admitted.scope_ref, [admitted.record], admitted.cursor)
             return value
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Bulk ingestion (eval, imports): each mutation is still its own transaction, but the
+        projection updates of admitted records are applied once, together, at the end."""
+        with self.lock:
+            self._batch = {}
+            try:
+                yield
+            finally:
+                pending, self._batch = self._batch, None
+                for scope_ref, (records, cursor) in sorted(pending.items()):
+                    self._project_admitted(scope_ref, records, cursor)
+
+    def _project_admitted(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+        docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
+        self.projections.add_lexical(scope_ref, docs, cursor)
+        if self.semantic_ready():
+            for start in range(0, len(records), 256):
+                self._embed_and_store(scope_ref, records[start:start + 256], cursor)
 
     def withdraw(self, ctx: HostContext, args: Any) -> dict[str, Any]:
         with self.lock:
