@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.lexical import LexicalDoc, LexicalIndex
+from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
 from retrieval.vectors import VectorIndex
 
 DEFAULT_HNSW_THRESHOLD = 20_000
@@ -26,8 +26,15 @@ def scope_dirname(scope_ref: str) -> str:
 
 
 class Projections:
-    def __init__(self, root: Path, dim: int = 384, hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD) -> None:
+    def __init__(
+        self,
+        root: Path,
+        dim: int = 384,
+        hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD,
+        lexical_config: LexicalConfig = REFERENCE_PROFILE,
+    ) -> None:
         self.root = root
+        self.lexical_config = lexical_config
         self.root.mkdir(parents=True, exist_ok=True)
         self.dim = dim
         self.hnsw_threshold = hnsw_threshold
@@ -41,7 +48,9 @@ class Projections:
     def lexical(self, scope_ref: str) -> LexicalIndex:
         with self._lock:
             if scope_ref not in self._lexical:
-                self._lexical[scope_ref] = LexicalIndex.open(self.scope_dir(scope_ref) / "lexical")
+                self._lexical[scope_ref] = LexicalIndex.open(
+                    self.scope_dir(scope_ref) / "lexical", self.lexical_config
+                )
             return self._lexical[scope_ref]
 
     def vectors(self, scope_ref: str) -> VectorIndex:
@@ -94,6 +103,9 @@ class Projections:
             vindex.upsert(vectors[0], vectors[1])
         vindex.set_cursor(str(cursor))
         vindex.save()
+
+    def lexical_description(self) -> dict:
+        return self.lexical_config.describe()
 
     def close(self) -> None:
         with self._lock:

@@ -60,10 +60,11 @@ def _load(engine: Engine, scope_ref: str, record_id: str) -> dict[str, Any] | No
 
 def _channel_receipts(engine: Engine, scope_ref: str, semantic: bool) -> list[dict[str, Any]]:
     lexical = engine.projections.lexical(scope_ref)
+    semantic = semantic and "semantic" in engine.config.channels
     receipts: list[dict[str, Any]] = [
         {
             "channel": "lexical",
-            "contributed": True,
+            "contributed": "lexical" in engine.config.channels,
             "engine": "tantivy",
             "engine_version": getattr(tantivy, "__version__", "0.27.0"),
             "index_kind": "bm25",
@@ -96,16 +97,17 @@ def _channel_receipts(engine: Engine, scope_ref: str, semantic: bool) -> list[di
     return receipts
 
 
-def _profile_config(engine: Engine, profile: str, receipts: list[dict[str, Any]]) -> str:
+def _profile_config(engine: Engine, profile: str, receipts: list[dict[str, Any]], fused: bool) -> str:
     config: dict[str, Any] = {
         "profile": profile,
         "profile_version": PROFILE_VERSION,
         "channel_depth": CHANNEL_DEPTH,
-        "lexical": {"engine": "tantivy", "field_weights": engine.projections.lexical_weights()},
-        "fusion": engine.fusion.describe(profile == "hybrid_v1"),
+        "lexical": engine.projections.lexical_description(),
+        "fusion": engine.fusion.describe(fused),
+        "channels": list(engine.config.channels),
     }
-    if profile == "hybrid_v1":
-        sem = receipts[1]
+    sem = receipts[1]
+    if sem["contributed"]:
         config["semantic"] = {"model_id": sem["model_id"], "model_digest": sem["model_digest"],
                               "hnsw_threshold": engine.projections.hnsw_threshold}
     return receipt_digest("recall-profile-config", config, "profile_config_digest")
@@ -144,16 +146,17 @@ def search(engine: Engine, ctx: HostContext, args: dict[str, Any]) -> dict[str, 
             raise EngramError("STALE_PAGE", "cursor from another query or an older state")
         valid_as_of, offset = pin.valid_as_of, pin.offset
 
-    channels: dict[str, list[tuple[str, float]]] = {
-        "lexical": engine.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
-    }
-    if semantic:
+    enabled = engine.config.channels
+    channels: dict[str, list[tuple[str, float]]] = {}
+    if "lexical" in enabled:
+        channels["lexical"] = engine.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
+    if semantic and "semantic" in enabled:
         qvec = engine.embedder.encode([args["query"]])[0]
         channels["semantic"] = engine.projections.vectors(scope).search(qvec, CHANNEL_DEPTH)
     candidates = sorted({rid for hits in channels.values() for rid, _ in hits})
     eligible = _eligible(engine, scope, candidates, valid_as_of, now)
     channels = {name: [h for h in hits if h[0] in eligible] for name, hits in channels.items()}
-    ranked = rank(channels, engine.fusion)
+    ranked = rank(channels, engine.fusion) if channels else []
     ordered_ids = [h.record_id for h in ranked]
     ordered_digest = receipt_digest("recall-ordered", {"ordered_ids": ordered_ids})
     if pin is not None and pin.ordered_ids_digest != ordered_digest:
@@ -183,14 +186,14 @@ def search(engine: Engine, ctx: HostContext, args: dict[str, Any]) -> dict[str, 
         "request_digest": request_digest,
         "profile": profile,
         "profile_version": PROFILE_VERSION,
-        "profile_config_digest": _profile_config(engine, profile, receipts),
+        "profile_config_digest": _profile_config(engine, profile, receipts, len(channels) > 1),
         "valid_as_of": valid_as_of,
         "system_as_of": system_as_of,
         "candidate_count": len(eligible),
         "candidate_ids_digest": receipt_digest("recall-candidates", {"candidate_ids": sorted(eligible)}),
         "ordered_ids_digest": ordered_digest,
         "channels": receipts,
-        "fusion": engine.fusion.describe(profile == "hybrid_v1"),
+        "fusion": engine.fusion.describe(len(channels) > 1),
         "ranked": [_ranked_entry(h, p["rank"]) for h, p in zip(shown, packets, strict=True)],
         "issued_at": _instant(now),
     }

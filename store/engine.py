@@ -20,7 +20,7 @@ import numpy as np
 
 from models.context import HostContext, HostPolicy
 from models.digests import receipt_digest
-from retrieval.lexical import LexicalDoc
+from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
 from retrieval.projections import DEFAULT_HNSW_THRESHOLD, Projections
 from retrieval.ranking import FusionConfig
 from store.crypto import KeyStore, open_sealed, seal
@@ -43,6 +43,10 @@ class EngineConfig:
     rrf_k: int = 60
     fusion_weights: tuple[float, float] = (0.5, 0.5)  # lexical, semantic (score-based fusion)
     hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD
+    lexical: LexicalConfig = REFERENCE_PROFILE  # per-field BM25 boosts
+    # Which channels rank. Hosts keep both; the evaluation harness restricts it to score
+    # each channel on its own through the same search path.
+    channels: tuple[str, ...] = ("lexical", "semantic")
     clock: Callable[[], int] | None = None  # epoch milliseconds; None: wall clock
 
 
@@ -71,7 +75,9 @@ class Engine:
             k=config.rrf_k,
             weights={"lexical": config.fusion_weights[0], "semantic": config.fusion_weights[1]},
         )
-        self.projections = Projections(config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold)
+        self.projections = Projections(
+            config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=config.lexical
+        )
         self.lock = threading.RLock()
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self.embedder = None
