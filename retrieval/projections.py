@@ -91,9 +91,7 @@ class Projections:
     ) -> None:
         with self._lock:
             for cache in (self._lexical, self._vectors):
-                index = cache.pop(scope_ref, None)
-                if index is not None:
-                    index.close()
+                _close(cache.pop(scope_ref, None))
             shutil.rmtree(self.scope_dir(scope_ref), ignore_errors=True)
         lexical = self.lexical(scope_ref)
         lexical.upsert(list(docs))
@@ -111,5 +109,24 @@ class Projections:
         with self._lock:
             for cache in (self._lexical, self._vectors):
                 for index in cache.values():
-                    index.close()
+                    _close(index)
                 cache.clear()
+
+    def replace_scope(self, scope_ref: str, built_dir: Path) -> None:
+        """Swap in a scope directory built elsewhere (rebuild --verify builds aside first)."""
+        with self._lock:
+            for cache in (self._lexical, self._vectors):
+                _close(cache.pop(scope_ref, None))
+            live = self.scope_dir(scope_ref)
+            old = live.with_name(live.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            if live.exists():
+                live.rename(old)
+            shutil.move(str(built_dir), str(live))
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _close(index: object) -> None:
+    close = getattr(index, "close", None)
+    if close is not None:
+        close()
