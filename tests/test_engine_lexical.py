@@ -10,6 +10,7 @@ import pytest
 from models.canonical import canonical_bytes
 from models.context import HostPolicy
 from models.errors import EngramError
+from models.outputs import validate_output
 from store.engine import Engine, EngineConfig
 from store.rebuild import rebuild_index
 from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
@@ -30,7 +31,9 @@ def open_engine(path: Path, **kw) -> Engine:
 def admit(engine: Engine, text: str, n: int, c=None, **extra) -> str:
     c = c or ctx()
     cap = engine.capture(c, capture_args(text, key=f"capture-key-{n:06d}", **extra))
+    validate_output("capture", cap)
     out = engine.request_admission(c, admission_args(cap["candidate_id"], key=f"admit-key-{n:08d}"))
+    validate_output("request_admission", out)
     return out["outcome"]["record_id"]
 
 
@@ -42,7 +45,9 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
 
 
 def search(engine: Engine, query: str, c=None, **kw) -> dict:
-    return engine.search(c or ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
+    value = engine.search(c or ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
+    validate_output("search", value)  # every value the engine emits is on-contract
+    return value
 
 
 def test_search_finds_ranks_and_receipts(engine: Engine) -> None:
@@ -86,6 +91,7 @@ def test_search_and_get_are_scope_isolated(engine: Engine) -> None:
         engine.get(other, {"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE})
     assert foreign.value.code == unknown.value.code == "NOT_FOUND"
     got = engine.get(ctx(), {"record_id": rid, "purpose_ref": PURPOSE})
+    validate_output("get", got)
     assert got["record"]["record_id"] == rid and got["read_receipt"]["record_id"] == rid
 
 
@@ -176,6 +182,7 @@ def test_forget_purges_lexical_projection(tmp_path: Path) -> None:
         admit(engine, "Another record that stays.", 1)
         assert b"zqxjkvorbit" in _projection_bytes(tmp_path / "d")
         out = engine.forget(ctx(), forget_args(rid))
+        validate_output("forget", out)
         assert out["projection_invalidation"] == "complete" and out["coverage_receipt_digest"].startswith("sha256:")
         assert search(engine, "zqxjkvorbital")["records"] == []
         assert engine.forget(ctx(), forget_args(rid)) == {**out, "replayed": True}

@@ -9,6 +9,7 @@ import pytest
 
 from models.context import HostPolicy
 from models.errors import EngramError
+from models.outputs import validate_output
 from store.crypto import KeyStore
 from store.db import Database, StoreBusyError
 from store.lifecycle import Lifecycle
@@ -26,10 +27,14 @@ class Harness:
         self.now = T0
 
     def capture(self, text: str, key: str = "capture-key-000001", c=None, **extra):
-        return self.life.capture(c or ctx(), capture_args(text, key, **extra), self.now)
+        value = self.life.capture(c or ctx(), capture_args(text, key, **extra), self.now)
+        validate_output("capture", value)
+        return value
 
     def admit(self, cid: str, key: str = "admit-key-0000001", c=None):
-        return self.life.request_admission(c or ctx(), admission_args(cid, key), self.now)[0]
+        value = self.life.request_admission(c or ctx(), admission_args(cid, key), self.now)[0]
+        validate_output("request_admission", value)
+        return value
 
     def state(self, table: str, id_col: str, value: str) -> str:
         return self.db.one(f"SELECT state FROM {table} WHERE {id_col} = ?", [value])[0]
@@ -108,6 +113,7 @@ def test_withdraw_destroys_key_and_blocks_admission(h: Harness) -> None:
     cap = h.capture("A draft that will be withdrawn.")
     key_ref = h.db.one("SELECT key_ref FROM candidates")[0]
     out = h.life.withdraw(ctx(), withdraw_args(cap["candidate_id"]), h.now)
+    validate_output("withdraw", out)
     assert out["key_destruction"] == "complete" and out["replayed"] is False
     assert out["receipt"]["from_state"] == "pending" and out["receipt"]["to_state"] == "withdrawn"
     assert h.keys.load(key_ref) is None
@@ -136,6 +142,7 @@ def test_forget_tombstones_shreds_and_blocks_readmission(h: Harness) -> None:
     rid = h.admit(cap["candidate_id"])["outcome"]["record_id"]
     rkey = h.db.one("SELECT key_ref FROM records")[0]
     value, purge = h.life.forget(ctx(), forget_args(rid), h.now)
+    validate_output("forget", value)
     assert purge == rid and value["receipt"]["operation"] == "tombstone"
     assert value["receipt"]["from_state"] == "accepted_current" and value["projection_invalidation"] == "pending"
     assert h.state("records", "record_id", rid) == "tombstoned"
