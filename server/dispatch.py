@@ -1,0 +1,213 @@
+"""The tools/call pipeline, in the contract's order (REFERENCE §4.4):
+
+unknown or ungranted tool (-32602) -> bound purpose (-32603) -> schema (INVALID_SCHEMA)
+-> confirmation gate (gate_failed / -32603) -> engine, in a worker thread -> envelope.
+
+Every answer that is not a protocol error is an envelope with a fresh auditId, recorded
+through the engine's audit trail. No exception escapes a handler: an unexpected one becomes
+a catalog code and its traceback goes to stderr only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from models.canonical import CanonicalizationError, nfc
+from models.context import HostContext
+from models.envelope import failure, success
+from models.errors import EngramError, ProtocolError, context_unavailable, unknown_tool
+from models.outputs import validate_output
+from models.tools import parse_input
+from server.gate import Approval, ConfirmationGate, GateFailed
+from server.tools import MUTATING, ToolRegistry
+from store.engine import AuditEvent, Engine
+
+log = logging.getLogger("engram_memory.server")
+
+try:  # DuckDB's own errors mean the store, not the request, failed.
+    import duckdb
+
+    _STORE_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, OSError)
+except ImportError:  # pragma: no cover - duckdb is a hard dependency
+    _STORE_ERRORS = (OSError,)
+
+# Where each tool's purpose_ref sits in the raw arguments (TOOL_CONTRACT §0, REFERENCE §5.4).
+_PURPOSE_PATH: dict[str, tuple[str, ...]] = {
+    "search": ("purpose_ref",),
+    "get": ("purpose_ref",),
+    "capture": ("payload", "purpose_ref"),
+}
+
+
+def new_audit_id() -> str:
+    """"aud_" + 26 lowercase base32 characters (128 random bits)."""
+    return "aud_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
+
+
+def envelope_result(envelope: dict[str, Any]) -> types.CallToolResult:
+    # The text copy is the same JSON, so a client without structuredContent reads the same bytes.
+    text = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=envelope,
+        is_error=not envelope["ok"],
+    )
+
+
+def to_mcp_error(exc: ProtocolError) -> MCPError:
+    return MCPError(code=exc.code, message=exc.message)
+
+
+def check_purpose(tool: str, arguments: Mapping[str, Any], bound_purpose: str) -> None:
+    """A purpose_ref that is a string and differs from the bound one is a protocol rejection.
+
+    A missing or non-string purpose_ref is left to the schema step (INVALID_SCHEMA).
+    """
+    path = _PURPOSE_PATH.get(tool)
+    if path is None:
+        return
+    node: Any = arguments
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return
+        node = node[key]
+    if not isinstance(node, str):
+        return
+    try:
+        matches = nfc(node) == bound_purpose
+    except CanonicalizationError:  # a lone surrogate can never equal a valid purpose
+        matches = False
+    if not matches:
+        raise context_unavailable()
+
+
+def classify_unexpected(exc: BaseException, tool: str, engine_started: bool) -> str:
+    """The catalog code for an exception nobody mapped (never a stack trace to the caller)."""
+    if engine_started and tool in MUTATING:
+        return "MUTATION_OUTCOME_UNKNOWN"  # it may have committed: the caller retries with the same key
+    if isinstance(exc, _STORE_ERRORS):
+        return "STORE_UNAVAILABLE"
+    return "CAPABILITY_UNAVAILABLE"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine | None,
+        host: HostContext | None,
+        registry: ToolRegistry,
+        gate: ConfirmationGate,
+    ) -> None:
+        # engine/host are None exactly when memory is disabled; the registry is then empty.
+        self.engine = engine
+        self.host = host
+        self.registry = registry
+        self.gate = gate
+
+    async def list_tools(
+        self, rctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.registry.definitions())
+
+    async def call_tool(
+        self, rctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        entry = self.registry.resolve(params.name)
+        if entry is None or self.engine is None or self.host is None:
+            raise to_mcp_error(unknown_tool())
+        tool, engine, host = entry.tool, self.engine, self.host
+        arguments: dict[str, Any] = dict(params.arguments or {})
+        try:
+            check_purpose(tool, arguments, host.purpose_ref)
+        except ProtocolError as exc:
+            log.warning("%s refused: purpose_ref differs from the bound purpose", params.name)
+            raise to_mcp_error(exc) from None
+
+        audit_id = new_audit_id()
+        model: Any = None
+        engine_started = False
+        try:
+            model = parse_input(tool, arguments)
+            if self.gate.required(tool):
+                decision = await self.gate.confirm(rctx, params, tool, arguments, host)
+                if isinstance(decision, types.InputRequiredResult):
+                    return decision  # the 2026-era client retries with the human's answer
+                approval: Approval | None = decision
+            else:
+                approval = None
+
+            def run() -> dict[str, Any]:
+                nonlocal engine_started
+                if approval is not None:
+                    approval.ensure_fresh(self.gate.clock())
+                engine_started = True
+                return getattr(engine, tool)(host, model)
+
+            value = await anyio.to_thread.run_sync(run)
+            envelope = self._checked_success(tool, value, audit_id)
+        except ProtocolError as exc:
+            raise to_mcp_error(exc) from None
+        except MCPError:
+            raise
+        except GateFailed as exc:
+            log.info("%s %s: gate_failed (%s)", params.name, audit_id, exc)
+            envelope = failure("gate_failed", audit_id)
+        except EngramError as exc:
+            log.info("%s %s: %s %s", params.name, audit_id, exc.code, exc.detail)
+            envelope = failure(exc.code, audit_id)
+        except Exception as exc:  # the adapter's last line: never a handler exception on the wire
+            code = classify_unexpected(exc, tool, engine_started)
+            log.exception("%s %s: unexpected failure mapped to %s", params.name, audit_id, code)
+            envelope = failure(code, audit_id)
+
+        await self._audit(host, audit_id, tool, envelope, model)
+        return envelope_result(envelope)
+
+    @staticmethod
+    def _checked_success(tool: str, value: dict[str, Any], audit_id: str) -> dict[str, Any]:
+        """The engine's value must match the published output schema before it leaves.
+
+        A mismatch is our defect, not the caller's: a mutation may have committed, so it is
+        MUTATION_OUTCOME_UNKNOWN (retry with the same key replays it); a read is unavailable.
+        """
+        try:
+            validate_output(tool, value)
+        except Exception:
+            code = "MUTATION_OUTCOME_UNKNOWN" if tool in MUTATING else "CAPABILITY_UNAVAILABLE"
+            log.exception("%s %s: engine output failed the output schema", tool, audit_id)
+            return failure(code, audit_id)
+        return success(value, audit_id)
+
+    async def _audit(
+        self, host: HostContext, audit_id: str, tool: str, envelope: dict[str, Any], model: Any
+    ) -> None:
+        """Record the call; a failing audit write is logged, never turned into the call's answer.
+
+        By now the operation's outcome is decided (possibly committed): reporting it as failed
+        because the audit row did not land would make the caller believe nothing happened.
+        """
+        engine = self.engine
+        if engine is None:
+            return
+        event = AuditEvent(
+            audit_id=audit_id,
+            tool=tool,
+            ok=bool(envelope["ok"]),
+            code=None if envelope["ok"] else envelope["error"]["code"],
+            idempotency_key=getattr(model, "idempotency_key", None),
+        )
+        try:
+            await anyio.to_thread.run_sync(engine.record_audit, host, event)
+        except Exception:
+            log.exception("audit record %s could not be written", audit_id)

@@ -1,0 +1,248 @@
+"""The confirmation gate: a human approval through MCP elicitation (REFERENCE §5.5, §12.2).
+
+withdraw and forget are always gated; capture and request_admission when the host's
+--confirm names them. Two wire forms, one rule:
+
+* handshake-era connections: the server sends ``elicitation/create`` (form mode, one
+  required boolean ``confirm``) on the calling request's back-channel and waits;
+* 2026-07-28 connections forbid server-initiated requests: the call answers an
+  ``InputRequiredResult`` carrying the same elicitation plus a signed ``request_state``;
+  the client retries with the human's answer, and the state binds that answer to this
+  tool, these exact arguments and this scope (one use, TTL-bound).
+
+Only ``accept`` with ``{"confirm": true}`` releases the gate. Decline, cancel,
+``confirm`` false, an error answer or no answer within the TTL is ``gate_failed``. A
+client that did not declare form elicitation cannot confirm at all: that is a missing
+confirmation reference, the protocol error -32603. An approval must be used within 30 s.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from models.canonical import canonical_bytes
+from models.context import ALWAYS_CONFIRMED, TOOL_PREFIX, HostContext
+from models.digests import receipt_digest
+from models.errors import context_unavailable
+
+EXECUTION_WINDOW_S = 30.0  # the engine call must start within 30 s of the approval
+INPUT_KEY = "confirm"
+
+CONFIRM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "confirm": {
+            "type": "boolean",
+            "title": "Approve",
+            "description": "Approve this memory operation.",
+            "default": False,  # fail safe: a form submitted untouched does not approve
+        }
+    },
+    "required": ["confirm"],
+}
+
+# What each gated tool does, in words for the human. Never the memory text: the target id only.
+_ACTIONS: dict[str, str] = {
+    "capture": "store a new pending memory candidate (unsearchable until admitted)",
+    "request_admission": "ask the admission policy to admit candidate {target} as a memory record",
+    "withdraw": "withdraw pending candidate {target}; its encrypted content becomes unreadable",
+    "forget": "permanently forget record {target}; it leaves search and get and cannot be restored",
+}
+
+
+class GateFailed(Exception):
+    """The confirmation gate was not satisfied (envelope code gate_failed). Text: audit only."""
+
+
+@dataclass(frozen=True)
+class Approval:
+    approved_at: float  # the gate clock (monotonic seconds) when the human approved
+
+    def ensure_fresh(self, now: float) -> None:
+        if now - self.approved_at > EXECUTION_WINDOW_S:
+            raise GateFailed("execution window of 30 s after approval elapsed")
+
+
+def _target(arguments: Mapping[str, Any]) -> str | None:
+    for key in ("record_id", "candidate_id"):
+        value = arguments.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def confirmation_message(tool: str, arguments: Mapping[str, Any], host: HostContext) -> str:
+    action = _ACTIONS[tool].format(target=_target(arguments) or "")
+    return (
+        f"Agent {host.agent_id} asks to {action}. Tool: {TOOL_PREFIX}{tool}. "
+        f"Scope: {host.scope_ref}. Approve?"
+    )
+
+
+def binding_digest(tool: str, arguments: Mapping[str, Any], host: HostContext) -> str:
+    """Binds an approval to capability, target, exact arguments, scope and principal."""
+    return receipt_digest(
+        "confirmation-binding",
+        {
+            "capability": TOOL_PREFIX + tool,
+            "target": _target(arguments) or "",
+            "arguments_digest": "sha256:" + hashlib.sha256(canonical_bytes(dict(arguments))).hexdigest(),
+            "scope_ref": host.scope_ref,
+            "principal": host.principal,
+            "agent_id": host.agent_id,
+        },
+    )
+
+
+def is_approval(result: Any) -> bool:
+    if isinstance(result, types.ElicitResult):
+        answer = result
+    else:
+        try:
+            answer = types.ElicitResult.model_validate(
+                result.model_dump(by_alias=True, mode="json") if hasattr(result, "model_dump") else result,
+                by_name=False,
+            )
+        except (ValidationError, TypeError):
+            return False
+    content = answer.content
+    # `is True`: a 1 or "true" is not a boolean approval.
+    return answer.action == "accept" and isinstance(content, dict) and content.get("confirm") is True
+
+
+def can_form_elicit(capabilities: types.ClientCapabilities | None) -> bool:
+    if capabilities is None or capabilities.elicitation is None:
+        return False
+    e = capabilities.elicitation
+    # An empty elicitation object is the pre-2025-11-25 spelling of form support.
+    return e.form is not None or e.url is None
+
+
+class ConfirmationGate:
+    def __init__(
+        self,
+        confirm: frozenset[str],
+        ttl_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.gated = ALWAYS_CONFIRMED | confirm
+        self.ttl_s = min(ttl_s, 300.0)
+        self.clock = clock
+        self._wall_ms = wall_ms
+        # Per process: a restart invalidates outstanding request_state, which fails closed.
+        self._secret = secrets.token_bytes(32)
+        self._used: dict[str, int] = {}  # nonce -> issued_at ms, kept for one TTL
+
+    def required(self, tool: str) -> bool:
+        return tool in self.gated
+
+    async def confirm(
+        self,
+        rctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        tool: str,
+        arguments: Mapping[str, Any],
+        host: HostContext,
+    ) -> Approval | types.InputRequiredResult:
+        """Approval, or an InputRequiredResult to hand back (2026 era). Raises GateFailed / ProtocolError."""
+        if not can_form_elicit(rctx.session.client_capabilities):
+            raise context_unavailable()
+        request = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(
+                message=confirmation_message(tool, arguments, host), requested_schema=CONFIRM_SCHEMA
+            )
+        )
+        if rctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return self._round_trip(params, tool, arguments, host, request)
+        if not rctx.session.can_send_request:  # e.g. stateless HTTP: no way to reach the human
+            raise context_unavailable()
+        return await self._elicit(rctx, request)
+
+    async def _elicit(self, rctx: ServerRequestContext[Any, Any], request: types.ElicitRequest) -> Approval:
+        result: types.ElicitResult | None = None
+        with anyio.move_on_after(self.ttl_s):
+            try:
+                result = await rctx.session.send_request(
+                    request,
+                    types.ElicitResult,
+                    request_read_timeout_seconds=self.ttl_s,
+                    metadata=ServerMessageMetadata(related_request_id=rctx.request_id),
+                )
+            except (MCPError, ValidationError, TimeoutError) as exc:
+                raise GateFailed(f"elicitation failed: {type(exc).__name__}") from None
+        if result is None:
+            raise GateFailed("no answer within the confirmation TTL")
+        if not is_approval(result):
+            raise GateFailed(f"not approved: {result.action}")
+        return Approval(self.clock())
+
+    # --- 2026-07-28 multi-round-trip form -------------------------------------------------
+
+    def _round_trip(
+        self,
+        params: types.CallToolRequestParams,
+        tool: str,
+        arguments: Mapping[str, Any],
+        host: HostContext,
+        request: types.ElicitRequest,
+    ) -> Approval | types.InputRequiredResult:
+        binding = binding_digest(tool, arguments, host)
+        if params.request_state is None:
+            # Answers without our state were not asked for: ask (again) instead of trusting them.
+            return types.InputRequiredResult(
+                input_requests={INPUT_KEY: request}, request_state=self._issue(binding)
+            )
+        now = self._wall_ms()
+        claims = self._verify(params.request_state)
+        if claims.get("binding") != binding:
+            raise GateFailed("request_state bound to another operation")
+        issued = claims.get("iat")
+        if not isinstance(issued, int) or not 0 <= now - issued <= self.ttl_s * 1000:
+            raise GateFailed("confirmation expired")
+        nonce = str(claims.get("nonce"))
+        self._used = {n: t for n, t in self._used.items() if now - t <= self.ttl_s * 1000}
+        if nonce in self._used:
+            raise GateFailed("confirmation already used")
+        self._used[nonce] = issued
+        answer = (params.input_responses or {}).get(INPUT_KEY)
+        if answer is None or not is_approval(answer):
+            raise GateFailed("not approved")
+        return Approval(self.clock())
+
+    def _issue(self, binding: str) -> str:
+        claims = {"v": 1, "binding": binding, "iat": self._wall_ms(), "nonce": secrets.token_hex(16)}
+        body = base64.urlsafe_b64encode(canonical_bytes(claims)).decode("ascii")
+        return body + "." + self._sign(body)
+
+    def _sign(self, body: str) -> str:
+        mac = hmac.new(self._secret, body.encode("ascii"), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).decode("ascii")
+
+    def _verify(self, state: str) -> dict[str, Any]:
+        body, _, sig = state.partition(".")
+        if not state.isascii() or not sig or not hmac.compare_digest(sig, self._sign(body)):
+            raise GateFailed("request_state signature invalid")
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(body.encode("ascii")))
+        except (ValueError, UnicodeError):
+            raise GateFailed("request_state undecodable") from None
+        if not isinstance(claims, dict) or claims.get("v") != 1:
+            raise GateFailed("request_state version")
+        return claims

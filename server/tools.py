@@ -1,0 +1,164 @@
+"""The tool registry: names, descriptions, annotations and schemas as tools/list shows them.
+
+Descriptions teach the discipline of TOOL_CONTRACT §1, §3, §4 at the point of use; the
+schemas come from models.schema (generated from the pydantic models, never written twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import mcp_types as types
+
+from models.context import ALL_TOOLS, ALWAYS_CONFIRMED, TOOL_PREFIX
+from models.schema import input_schema, output_schema
+
+# Said once, appended to every description: how to read a result.
+_RESULT_RULES = (
+    " Every result is an envelope {ok, output | error, auditId}: act on error.code and error.retriable,"
+    " never on error.message. retriable true: back off and retry (a mutation with the same"
+    " idempotency_key and identical arguments). A JSON-RPC error (-32602, -32603) is not a memory"
+    " answer: stop and report to the host operator; do not retry with altered arguments."
+)
+_MUTATION_RULES = (
+    " Use one idempotency_key (16..256 bytes) per logical operation: the same key with the same"
+    " arguments is a safe replay; the same key for anything else is DIGEST_CONFLICT."
+    " MUTATION_OUTCOME_UNKNOWN means it may have been applied: retry with the same key until definitive."
+)
+_CONFIRMED = (
+    " The host asks the human to confirm before it runs; you cannot confirm it yourself."
+    " gate_failed means the human did not approve: ask them through the host, do not loop."
+)
+
+DESCRIPTIONS: dict[str, str] = {
+    "search": (
+        "Find current, admitted memories: decisions with their grounds, verified facts with a citable"
+        " source, conventions, recurring problems and their fix, hand-over facts. Returns record packets"
+        " with citations, scores and a rank receipt. Search BEFORE you capture: if an equivalent record"
+        " exists, cite its record_id instead of capturing again. Only accepted, current records are"
+        " returned; pending candidates never are. purpose_ref must be the purpose your host gave you."
+        " An empty records list means no match. STALE_PAGE: search again without page_cursor;"
+        " RESULT_TOO_LARGE or PROJECTION_OVERSIZED: lower limit or adjust max_packet_bytes."
+    ),
+    "get": (
+        "Read one known current record by record_id (copy it exactly from search or admission), with a"
+        " read receipt; no ranking. purpose_ref must be the purpose your host gave you. NOT_FOUND means"
+        " unknown, out of scope or no longer current, indistinguishable by design: treat the record as"
+        " unavailable and do not probe other ids."
+    ),
+    "capture": (
+        "Submit durable, reusable knowledge worth finding again in a later session or by another agent"
+        " (a decision with its grounds, a verified fact with a citable source, a convention, a recurring"
+        " difficulty and its fix, a hand-over fact) as an encrypted PENDING candidate. Not for"
+        " in-progress state, chat transcripts, raw tool output, task-local notes or speculation. NEVER"
+        " store secrets: credentials, tokens, API or signing keys, passwords, connection strings, .env"
+        " values, session cookies. Search first. Every component cites at least one citation; each"
+        " citation carries a sha256 content_digest of the cited content. A candidate is not a record:"
+        " it cannot be searched or read, and its candidate_id is not a record_id; ask for admission with"
+        " request_admission. Omit retention unless instructed. A replay of the same key and content"
+        " returns duplicate_exact."
+    ),
+    "request_admission": (
+        "Ask the host's admission policy to decide on a pending candidate returned by capture."
+        " Admission is requested, never assumed: read outcome.status and replayed, not field presence."
+        " accepted carries the record_id; rejected and pending_adjudication are normal outcomes, not"
+        " errors: do not loop on them. POLICY_STALE is retriable with the same idempotency_key."
+    ),
+    "withdraw": (
+        "End one of your pending candidates (wrong, superseded before admission, or no longer wanted);"
+        " its encrypted content becomes unreadable. reason_ref is an opaque reference, not a free-text"
+        " account of the memory. NOT_FOUND: the candidate is not pending in your scope."
+    ),
+    "forget": (
+        "Permanently make an admitted record ineligible (tombstone): it leaves search and get for good"
+        " and cannot be restored; capturing the same content again is held for adjudication. Use only"
+        " when the record is wrong or must be erased. reason_ref is an opaque reference, not a"
+        " free-text account of the memory. NOT_FOUND: no such current record in your scope."
+    ),
+}
+
+TITLES: dict[str, str] = {
+    "search": "Search memory",
+    "get": "Read a memory record",
+    "capture": "Capture a memory candidate",
+    "request_admission": "Request admission of a candidate",
+    "withdraw": "Withdraw a pending candidate",
+    "forget": "Forget a memory record",
+}
+
+READ_ONLY = frozenset({"search", "get"})
+DESTRUCTIVE = frozenset({"withdraw", "forget"})
+MUTATING = frozenset(ALL_TOOLS) - READ_ONLY
+
+INSTRUCTIONS = (
+    "Engram memory: governed long-term memory shared across sessions and agents. Keep here only"
+    " durable, reusable knowledge (decisions with grounds, verified facts with a citable source,"
+    " conventions, recurring difficulties and fixes, hand-over facts); never provisional state,"
+    " transcripts, raw tool output, task-local notes or speculation, and never secrets, credentials,"
+    " tokens, keys, passwords, connection strings, .env values or cookies. Search before capture and"
+    " cite an existing record_id rather than duplicating it. Capture creates a pending, unsearchable"
+    " candidate; admission is requested with request_admission, never assumed, and a candidate_id is"
+    " not a record_id. Withdraw and forget (and any tool the host marks) need the human's"
+    " confirmation through the host. Use one idempotency_key per logical operation and retry a"
+    " retriable failure with the same key and arguments. Act on error.code and error.retriable, never"
+    " on the message. Tenant, workspace, identity and confirmation come from the host, never from"
+    " arguments; a JSON-RPC error means stop and report to the host operator."
+)
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    tool: str  # the short name ("search"), as models/ and store/ know it
+    definition: types.Tool
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+
+def _annotations(tool: str) -> types.ToolAnnotations:
+    read_only = tool in READ_ONLY
+    return types.ToolAnnotations(
+        title=TITLES[tool],
+        read_only_hint=read_only,
+        destructive_hint=None if read_only else tool in DESTRUCTIVE,
+        # Reads are idempotent by nature; every mutation is keyed (idempotency_key replay).
+        idempotent_hint=True,
+        open_world_hint=False,
+    )
+
+
+def describe(tool: str, confirmed: bool) -> str:
+    text = DESCRIPTIONS[tool]
+    if tool in MUTATING:
+        text += _MUTATION_RULES
+    if confirmed:
+        text += _CONFIRMED
+    return text + _RESULT_RULES
+
+
+class ToolRegistry:
+    """Only the granted tools exist: an ungranted one is absent, not listed-then-refused."""
+
+    def __init__(self, enabled: Iterable[str], confirmed: frozenset[str]) -> None:
+        confirmed = confirmed | ALWAYS_CONFIRMED
+        self._by_name: dict[str, ToolEntry] = {}
+        for tool in ALL_TOOLS:  # contract order, whatever the config order
+            if tool not in enabled:
+                continue
+            definition = types.Tool(
+                name=TOOL_PREFIX + tool,
+                title=TITLES[tool],
+                description=describe(tool, tool in confirmed),
+                input_schema=input_schema(tool),
+                output_schema=output_schema(tool),
+                annotations=_annotations(tool),
+            )
+            self._by_name[definition.name] = ToolEntry(tool, definition)
+
+    def resolve(self, name: str) -> ToolEntry | None:
+        return self._by_name.get(name)
+
+    def definitions(self) -> list[types.Tool]:
+        return [e.definition for e in self._by_name.values()]

@@ -1,0 +1,206 @@
+"""Shared fixtures: temp data dirs, an offline env, and a REAL `engram-memory serve` subprocess
+driven by the MCP SDK's own stdio client (no mock of anything of ours)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPError
+
+REPO = Path(__file__).resolve().parents[1]
+PURPOSE = "purpose:e2e-tests-caf\u00e9"  # composed: an NFD spelling must match too
+CONTEXT = {
+    "tenant": "tenant-a",
+    "workspace": "ws-1",
+    "principal": "alice@example.test",
+    "agent_id": "agent-7",
+    "purpose_ref": PURPOSE,
+}
+ALL = "search,get,capture,request_admission,withdraw,forget"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def offline_env() -> dict[str, str]:
+    """The environment every server subprocess gets: offline, nothing from the hub."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+@pytest.fixture(scope="session")
+def data_dir_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Fresh data dirs under one session temp root (a server never shares one by accident)."""
+
+    def make(name: str = "data") -> Path:
+        return tmp_path_factory.mktemp(name)
+
+    return make
+
+
+def serve_argv(data_dir: Path, *, tools: str | None = ALL, context: dict[str, str] | None = None,
+               extra: list[str] | None = None) -> list[str]:
+    """`python -m server.cli serve ...` for a context (None: CONTEXT; {}: none bound)."""
+    argv = [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir), "--log-level", "DEBUG"]
+    for key, value in (CONTEXT if context is None else context).items():
+        argv += ["--" + key.replace("_", "-"), value]
+    if tools is not None:
+        argv += ["--tools", tools]
+    return argv + (extra or [])
+
+
+# ---- elicitation: the "human" behind the host -------------------------------------------------
+
+
+@dataclass
+class Human:
+    """Answers confirmations from a script of answers; records every prompt it was shown."""
+
+    answers: list[str] = field(default_factory=list)  # accept | decline | cancel | false | error | sleep:N
+    default: str = "accept"
+    prompts: list[types.ElicitRequestParams] = field(default_factory=list)
+
+    async def __call__(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        self.prompts.append(params)
+        answer = self.answers.pop(0) if self.answers else self.default
+        if answer.startswith("sleep:"):
+            await anyio.sleep(float(answer.split(":", 1)[1]))
+            answer = "accept"
+        if answer == "accept":
+            return types.ElicitResult(action="accept", content={"confirm": True})
+        if answer == "false":
+            return types.ElicitResult(action="accept", content={"confirm": False})
+        if answer == "error":
+            return types.ErrorData(code=types.INVALID_REQUEST, message="no human here")
+        return types.ElicitResult(action=answer)  # decline | cancel
+
+
+@dataclass
+class Mcp:
+    """One live session with a server subprocess."""
+
+    session: ClientSession
+    init: types.InitializeResult
+    human: Human | None
+    stderr_path: Path
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Call a tool; check the envelope invariants every result must keep; return the envelope."""
+        result = await self.session.call_tool(tool if tool.startswith("engram_") else "engram_memory_" + tool,
+                                              arguments)
+        return check_result(result)
+
+    async def call_error(self, tool: str, arguments: dict[str, Any]) -> MCPError:
+        name = tool if tool.startswith("engram_") else "engram_memory_" + tool
+        with pytest.raises(MCPError) as info:
+            await self.session.call_tool(name, arguments)
+        return info.value
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def check_result(result: types.CallToolResult) -> dict[str, Any]:
+    envelope = result.structured_content
+    assert isinstance(envelope, dict)
+    assert len(result.content) == 1 and isinstance(result.content[0], types.TextContent)
+    assert json.loads(result.content[0].text) == envelope  # identical text copy
+    assert result.is_error is (not envelope["ok"])
+    assert envelope["redactionClass"] == "high"
+    assert envelope["auditId"].startswith("aud_") and len(envelope["auditId"]) == 30
+    return envelope
+
+
+@asynccontextmanager
+async def mcp_server(
+    argv: list[str], env: dict[str, str], *, human: Human | None = None, log_dir: Path | None = None
+) -> AsyncIterator[Mcp]:
+    """Start `engram-memory serve` as a subprocess and open an initialized ClientSession to it.
+
+    ``human`` None: the client declares no elicitation capability.
+    """
+    log_dir = log_dir or Path(argv[argv.index("--data-dir") + 1]).parent
+    stderr_path = log_dir / f"server-{time.monotonic_ns()}.stderr"
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(REPO))
+    with stderr_path.open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write, elicitation_callback=human) as session:
+                init = await session.initialize()
+                yield Mcp(session, init, human, stderr_path)
+
+
+@pytest.fixture(scope="session")
+def start_server(offline_env: dict[str, str]) -> Callable[..., Any]:
+    """`async with start_server(data_dir, human=..., tools=..., context=..., extra=[...]) as mcp:`"""
+
+    def start(data_dir: Path, *, human: Human | None = None, tools: str | None = ALL,
+              context: dict[str, str] | None = None, extra: list[str] | None = None) -> Any:
+        argv = serve_argv(data_dir, tools=tools, context=context, extra=extra)
+        return mcp_server(argv, offline_env, human=human)
+
+    return start
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+def sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def capture_args(text: str, *, key: str | None = None, purpose: str = PURPOSE) -> dict[str, Any]:
+    """A valid capture: one cited decision component."""
+    now = int(time.time() * 1000) - 60_000
+    return {
+        "idempotency_key": key or "capture-" + hashlib.sha256(text.encode()).hexdigest()[:24],
+        "payload": {
+            "schema_version": 2,
+            "purpose_ref": purpose,
+            "valid_time": {"t": now},
+            "components": [{"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["s1"]}],
+            "primary_component_id": "c1",
+            "primary_event": {"at": now, "type_ref": "event:decided", "citation_id": "s1"},
+            "citations": [
+                {
+                    "citation_id": "s1",
+                    "source_ref": "doc:adr-7",
+                    "locator": {"scheme": "path", "value": "docs/adr-7.md#L3"},
+                    "content_digest": sha(text),
+                }
+            ],
+        },
+        "evidence": {"evidence_ref": "ev:1", "evidence_digest": sha("evidence:" + text), "citation_ids": ["s1"]},
+    }
+
+
+def search_args(query: str, **extra: Any) -> dict[str, Any]:
+    return {"query": query, "purpose_ref": PURPOSE, **extra}
+
+
+def get_args(record_id: str) -> dict[str, Any]:
+    return {"record_id": record_id, "purpose_ref": PURPOSE}
+
+
+def key(label: str) -> str:
+    """A unique idempotency key (>= 16 bytes) per logical operation."""
+    return f"{label}-{time.monotonic_ns():020d}"
