@@ -19,6 +19,7 @@ from typing import Annotated  # noqa: E402
 import typer  # noqa: E402
 
 from server.config import ConfigError, load_config  # noqa: E402
+from server.maintenance import rebuild_index_cmd  # noqa: E402
 
 EXIT_USAGE = 2  # config errors and a busy data dir: the host must fix its launch, not retry blindly
 
@@ -133,10 +134,10 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
+# Commands live in their owners' modules (keep their heavy imports inside the function);
+# registering one is one import and one line, e.g. `app.command("eval")(eval_cmd)`.
 app.command("serve")(serve)
-# Other commands live in their owners' modules; registering one is one import and one line:
-#   from retrieval.cli import rebuild_index_cmd; app.command("rebuild-index")(rebuild_index_cmd)
-#   from eval.cli import eval_cmd, bench_cmd;    app.command("eval")(eval_cmd); app.command("bench")(bench_cmd)
+app.command("rebuild-index")(rebuild_index_cmd)
 
 
 if __name__ == "__main__":

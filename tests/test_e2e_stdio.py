@@ -348,3 +348,5 @@ def test_console_script_is_installed() -> None:
     assert script.exists()
     proc = subprocess.run([str(script), "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--purpose-ref" in proc.stdout
+    top = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert "serve" in top.stdout and "rebuild-index" in top.stdout
