@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import anyio
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
@@ -71,10 +73,22 @@ async def serve_stdio(cfg: ServeConfig) -> None:
         try:
             server = build_server(cfg, engine)
             log.info("serving over stdio (%s)", _summary(cfg))
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            async with anyio.create_task_group() as tg:
+                # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
+                tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+                tg.cancel_scope.cancel()
         finally:
             if engine is not None:
                 engine.close()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal %d: shutting down", signum)
+            scope.cancel()
+            return
 
 
 def serve_http(cfg: ServeConfig) -> None:
