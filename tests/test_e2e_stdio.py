@@ -4,6 +4,7 @@ driven by the MCP SDK's ClientSession. Nothing of ours is mocked."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
 import subprocess
@@ -172,7 +173,8 @@ async def test_host_can_require_confirmation_for_capture(start_server, data_dir_
 
 
 async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_dir_factory) -> None:
-    async with start_server(data_dir_factory("replay"), extra=LEXICAL_ONLY) as mcp:
+    data_dir = data_dir_factory("replay")
+    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
         args = capture_args("Ties in the ranking break on record_id.", key="replay-key-0000000001")
         first = await mcp.call("capture", args)
         second = await mcp.call("capture", args)
@@ -181,7 +183,22 @@ async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_d
         assert second["output"]["value"]["candidate_id"] == first["output"]["value"]["candidate_id"]
         assert first["auditId"] != second["auditId"]
         other = capture_args("Different content under the same key.", key="replay-key-0000000001")
-        assert (await mcp.call("capture", other))["error"]["code"] == "DIGEST_CONFLICT"
+        conflict = await mcp.call("capture", other)
+        assert conflict["error"]["code"] == "DIGEST_CONFLICT"
+
+    # Every envelope was recorded in the audit trail under its auditId; the raw key never was.
+    from store.db import Database
+
+    db = Database(data_dir)
+    try:
+        rows = {r[0]: r[1:] for r in db.all("SELECT audit_id, tool, ok, code, idk, scope_ref, agent_id FROM audit")}
+    finally:
+        db.close()
+    idk = "idk_" + hashlib.sha256(b"replay-key-0000000001").hexdigest()[:12]
+    scope, agent = "tenant:tenant-a/workspace:ws-1", "agent-7"
+    assert rows[first["auditId"]] == ("capture", True, None, idk, scope, agent)
+    assert rows[second["auditId"]] == ("capture", True, None, idk, scope, agent)
+    assert rows[conflict["auditId"]] == ("capture", False, "DIGEST_CONFLICT", idk, scope, agent)
 
 
 # ---- schema and protocol errors -------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""In-process: the real server over a real engine whose store has failed underneath it.
+
+No handler exception may reach the wire: a failure is a catalog envelope, and a mutation
+whose outcome is unknown says so (the caller retries with the same key)."""
+
+from __future__ import annotations
+
+import pytest
+from mcp import Client
+
+from server.app import build_server, open_engine
+from server.config import load_config
+from tests.conftest import CONTEXT, capture_args, check_result, search_args
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_store_failure_becomes_an_envelope(data_dir_factory) -> None:
+    cfg = load_config(CONTEXT | {"tools": "search,capture", "data_dir": data_dir_factory("broken"),
+                                 "semantic": False})
+    engine = open_engine(cfg)
+    server = build_server(cfg, engine)
+    async with Client(server, mode="legacy") as c:
+        assert check_result(await c.call_tool("engram_memory_search", search_args("before")))["ok"]
+        engine.db.close()  # the store goes away under a live server
+        read = check_result(await c.call_tool("engram_memory_search", search_args("after")))
+        assert read["error"]["code"] == "STORE_UNAVAILABLE" and read["error"]["retriable"] is True
+        write = check_result(await c.call_tool("engram_memory_capture", capture_args("Lost write?")))
+        assert write["error"] == {
+            "code": "MUTATION_OUTCOME_UNKNOWN",
+            "message": "The operation may have been applied; retry with the same key and arguments.",
+            "retriable": True,
+        }
