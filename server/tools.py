@@ -16,15 +16,14 @@ from models.schema import input_schema, output_schema
 
 # Said once, appended to every description: how to read a result.
 _RESULT_RULES = (
-    " Every result is an envelope {ok, output | error, auditId}: act on error.code and error.retriable,"
-    " never on error.message. retriable true: back off and retry (a mutation with the same"
-    " idempotency_key and identical arguments). A JSON-RPC error (-32602, -32603) is not a memory"
-    " answer: stop and report to the host operator; do not retry with altered arguments."
+    " Results are envelopes: act on error.code and error.retriable, never on error.message;"
+    " retriable true: back off and retry. A JSON-RPC error (-32602, -32603) is not a memory answer:"
+    " stop and report to the host operator."
 )
 _MUTATION_RULES = (
-    " Use one idempotency_key (16..256 bytes) per logical operation: the same key with the same"
-    " arguments is a safe replay; the same key for anything else is DIGEST_CONFLICT."
-    " MUTATION_OUTCOME_UNKNOWN means it may have been applied: retry with the same key until definitive."
+    " One idempotency_key (16..256 bytes) per logical operation: retrying with the same key and"
+    " identical arguments is a safe replay; reusing it for anything else is DIGEST_CONFLICT."
+    " MUTATION_OUTCOME_UNKNOWN: it may have been applied; retry with the same key until definitive."
 )
 _CONFIRMED = (
     " The host asks the human to confirm before it runs; you cannot confirm it yourself."
