@@ -80,6 +80,18 @@ async def test_full_story_capture_admit_search_get_forget(start_server, data_dir
         assert record_id in record_ids(found)
         assert found["output"]["value"]["rank_receipt"]
 
+        # The semantic channel comes up in the background; until then a search that requires it
+        # is RANKING_UNAVAILABLE (retriable), never a silent lexical fallback.
+        both = search_args("which database holds the lifecycle journal",
+                           capability_policy={"minimum_channels": "lexical_and_semantic", "network": "forbid"})
+        deadline = time.monotonic() + 120
+        while not (hybrid := await mcp.call("search", both))["ok"]:
+            assert hybrid["error"]["code"] == "RANKING_UNAVAILABLE" and hybrid["error"]["retriable"], hybrid
+            assert time.monotonic() < deadline, "the embedding model never became ready"
+            await anyio.sleep(0.5)
+        assert record_id in record_ids(hybrid)
+        assert "semantic" in json.dumps(hybrid["output"]["value"]["rank_receipt"])
+
         got = await mcp.call("get", get_args(record_id))
         assert got["ok"], got
         value = got["output"]["value"]
