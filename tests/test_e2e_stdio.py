@@ -316,24 +316,47 @@ async def test_tools_list_shape(start_server, data_dir_factory) -> None:
 # ---- scope isolation ------------------------------------------------------------------------
 
 
-async def test_scope_isolation_foreign_record_is_not_found(start_server, data_dir_factory) -> None:
+async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_dir_factory) -> None:
+    """Servers one after the other on one data dir (DuckDB allows one process)."""
     data_dir = data_dir_factory("scopes")
     text = "Scope isolation is physical as well as logical."
     async with start_server(data_dir, extra=LEXICAL_ONLY) as a:
-        _, record_id = await capture_and_admit(a, text)
+        candidate_id, record_id = await capture_and_admit(a, text)
         assert record_id in record_ids(await a.call("search", search_args("scope isolation physical logical")))
+        pending = (await a.call("capture", capture_args("A pending candidate of tenant A.")))["output"]["value"]
 
+    human = Human()
     tenant_b = CONTEXT | {"tenant": "tenant-b"}
-    async with start_server(data_dir, context=tenant_b, extra=LEXICAL_ONLY) as b:
-        foreign = await b.call("get", get_args(record_id))
-        unknown = await b.call("get", get_args(random_record_id()))
-        assert foreign["error"]["code"] == "NOT_FOUND"
-        assert without_audit(foreign) == without_audit(unknown)  # indistinguishable, byte for byte
+    random_candidate = "candidate_" + secrets.token_hex(32)
+    async with start_server(data_dir, context=tenant_b, human=human, extra=LEXICAL_ONLY) as b:
+        pairs = [  # (foreign target, random well-formed target): same envelope bytes, auditId aside
+            ("get", get_args(record_id), get_args(random_record_id())),
+            ("forget", {"record_id": record_id, "reason_ref": "r:x"},
+             {"record_id": random_record_id(), "reason_ref": "r:x"}),
+            ("withdraw", {"candidate_id": pending["candidate_id"], "reason_ref": "r:x"},
+             {"candidate_id": random_candidate, "reason_ref": "r:x"}),
+            ("request_admission", {"candidate_id": pending["candidate_id"]}, {"candidate_id": random_candidate}),
+            ("request_admission", {"candidate_id": candidate_id}, {"candidate_id": random_candidate}),
+        ]
+        for tool, foreign_args, random_args in pairs:
+            if tool != "get":
+                foreign_args = foreign_args | {"idempotency_key": key(tool)}
+                random_args = random_args | {"idempotency_key": key(tool)}
+            foreign = await b.call(tool, foreign_args)
+            unknown = await b.call(tool, random_args)
+            assert foreign["error"]["code"] == "NOT_FOUND", (tool, foreign)
+            assert without_audit(foreign) == without_audit(unknown), tool  # indistinguishable, byte for byte
         assert record_id not in record_ids(await b.call("search", search_args("scope isolation physical logical")))
 
     workspace_2 = CONTEXT | {"workspace": "ws-2"}
     async with start_server(data_dir, context=workspace_2, extra=LEXICAL_ONLY) as w:
         assert (await w.call("get", get_args(record_id)))["error"]["code"] == "NOT_FOUND"
+
+    # Tenant A's memory is untouched by B's attempts.
+    async with start_server(data_dir, human=Human(), extra=LEXICAL_ONLY) as a:
+        assert (await a.call("get", get_args(record_id)))["ok"]
+        adm = await a.call("request_admission", {"candidate_id": pending["candidate_id"], "idempotency_key": key("a")})
+        assert adm["output"]["value"]["outcome"]["status"] == "accepted"
 
 
 # ---- one server per data dir ----------------------------------------------------------------
