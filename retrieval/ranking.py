@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from retrieval import fusion as fusion_fns
+
 FUSION_METHODS = ("rrf", "dbsf", "convex")
 
 
@@ -39,8 +41,6 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
     positions = {
         name: {rid: (i + 1, score) for i, (rid, score) in enumerate(hits)} for name, hits in channels.items()
     }
-    from retrieval import fusion as fusion_fns
-
     if len(channels) == 1:
         (name, hits), = channels.items()
         fused = hits

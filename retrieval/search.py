@@ -92,7 +92,9 @@ def _channel_receipts(engine: Engine, scope_ref: str, semantic: bool) -> list[di
             sem.update(engine="numpy", engine_version=numpy.__version__)
         sem.update(index_kind=kind, index_cursor=vectors.cursor or "0")
     if engine.embedder is not None:
-        sem.update(model_id=engine.embedder.model_id, model_digest=engine.embedder.model_digest)
+        sem["model_id"] = engine.embedder.model_id
+        if engine.embedder.model_digest is not None:  # unknown for a missing model: omitted, never null
+            sem["model_digest"] = engine.embedder.model_digest
     receipts.append(sem)
     return receipts
 

@@ -1,0 +1,144 @@
+"""Hybrid search on the real packaged model: semantic recall, fusion receipts, purge, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from models.canonical import canonical_bytes
+from models.errors import EngramError
+from models.outputs import validate_output
+from retrieval.vectors import normalize_rows
+from store.engine import Engine, EngineConfig
+from store.rebuild import rebuild_index
+from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
+
+DOCS = [
+    "The cat sat on the mat near the window all afternoon.",
+    "Quarterly tax filings are due on the fifteenth of April.",
+    "We picked PostgreSQL replicas for the reporting workload.",
+    "A kitten naps on a rug in the sunshine.",
+    "The release train leaves every second Tuesday.",
+]
+HYBRID = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
+
+
+def open_engine(path: Path, **kw) -> Engine:
+    engine = Engine.open(EngineConfig(data_dir=path, clock=lambda: T0, **kw))
+    if kw.get("model_path") is None:
+        assert engine.embedder is not None and engine.embedder.wait(180), "packaged model failed to load"
+    return engine
+
+
+def build(path: Path) -> tuple[Engine, list[str]]:
+    engine = open_engine(path)
+    ids = []
+    for i, text in enumerate(DOCS):
+        cap = engine.capture(ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+        out = engine.request_admission(ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+        ids.append(out["outcome"]["record_id"])
+    return engine, ids
+
+
+def search(engine: Engine, query: str, **kw) -> dict:
+    value = engine.search(ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
+    validate_output("search", value)
+    return value
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, list[str], Path]]:
+    path = tmp_path_factory.mktemp("hybrid")
+    engine, ids = build(path)
+    yield engine, ids, path
+    engine.close()
+
+
+def test_semantic_finds_records_sharing_no_word(built) -> None:
+    engine, ids, _ = built
+    value = search(engine, "feline resting", capability_policy=HYBRID)
+    top = [p["record"]["record_id"] for p in value["records"][:2]]
+    assert set(top) == {ids[0], ids[3]}
+    receipt = value["rank_receipt"]
+    assert receipt["profile"] == "hybrid_v1" and receipt["fusion"] == {"method": "rrf", "k": 60}
+    semantic = receipt["channels"][1]
+    assert semantic["contributed"] and semantic["index_kind"] == "exact" and semantic["engine"] == "numpy"
+    assert semantic["model_id"].endswith("all-MiniLM-L6-v2") and semantic["model_digest"].startswith("sha256:")
+    assert all("semantic" in r for r in receipt["ranked"])
+
+
+def test_forget_purges_vector_and_embedding(tmp_path: Path) -> None:
+    engine, ids = build(tmp_path / "f")
+    try:
+        stored = engine._stored_vectors(ctx().scope_ref)
+        vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
+        files = [p for p in (tmp_path / "f" / "projections").rglob("*") if p.is_file()]
+        assert any(vec in p.read_bytes() for p in files)
+        out = engine.forget(ctx(), forget_args(ids[2]))
+        assert out["projection_invalidation"] == "complete"
+        assert engine.db.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [ids[2]])[0] == 0
+        hits = search(engine, "PostgreSQL replicas reporting", capability_policy=HYBRID)["records"]
+        assert ids[2] not in {p["record"]["record_id"] for p in hits}
+    finally:
+        engine.close()
+    for p in (tmp_path / "f" / "projections").rglob("*"):
+        if p.is_file():
+            data = p.read_bytes()
+            assert vec not in data and b"PostgreSQL" not in data and b"postgresql" not in data, p.name
+
+
+def test_missing_model_is_ranking_unavailable_never_empty_success(tmp_path: Path) -> None:
+    engine = open_engine(tmp_path / "m", model_path=tmp_path / "no-such-model")
+    try:
+        assert engine.embedder.wait(30) is False and engine.embedder.state == "failed"
+        cap = engine.capture(ctx(), capture_args(DOCS[0]))
+        engine.request_admission(ctx(), admission_args(cap["candidate_id"]))
+        with pytest.raises(EngramError) as err:
+            search(engine, "cat", capability_policy=HYBRID)
+        assert err.value.code == "RANKING_UNAVAILABLE" and err.value.retriable
+        value = search(engine, "cat")
+        assert value["records"] and value["rank_receipt"]["channels"][1]["contributed"] is False
+    finally:
+        engine.close()
+
+
+QUERIES = ["feline resting", "when are taxes due", "database for reports", "release schedule"]
+
+BUILD_IN_SUBPROCESS = """
+import hashlib, json, sys
+from pathlib import Path
+from models.canonical import canonical_bytes
+from tests.test_engine_hybrid import QUERIES, build, search, HYBRID
+engine, _ = build(Path(sys.argv[1]))
+print(json.dumps([hashlib.sha256(canonical_bytes(search(engine, q, capability_policy=HYBRID))).hexdigest()
+                  for q in QUERIES]))
+engine.close()
+"""
+
+
+def digests(engine: Engine) -> list[str]:
+    return [hashlib.sha256(canonical_bytes(search(engine, q, capability_policy=HYBRID))).hexdigest()
+            for q in QUERIES]
+
+
+def test_determinism_across_processes_restart_and_rebuild(built, tmp_path: Path) -> None:
+    engine, _, path = built
+    expected = digests(engine)
+    proc = subprocess.run([sys.executable, "-c", BUILD_IN_SUBPROCESS, str(tmp_path / "other")],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
+    other = open_engine(tmp_path / "other")  # restart
+    assert digests(other) == expected
+    other.close()
+    report = rebuild_index(tmp_path / "other", verify=True, show_progress=False)
+    assert report.differences == 0 and report.scopes[0].vectors == len(DOCS)
+    other = open_engine(tmp_path / "other")
+    assert digests(other) == expected
+    other.close()
