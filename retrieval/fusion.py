@@ -1,0 +1,123 @@
+"""Fusion of ranked channels into one deterministic ranking. Pure functions, no I/O.
+
+Every channel is a list of ``(record_id, score)`` already ordered by (-score, record_id) with
+unique ids; that order defines ``rank_c(d)`` (1-based). A record missing from a channel gets
+nothing from it. Channels are visited in sorted name order and sums use Python floats, so the
+same input always produces the same bits. Output: ``(record_id, fused)`` sorted by
+(-fused, record_id).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+Ranked = list[tuple[str, float]]
+Channels = Mapping[str, Ranked]
+
+
+def check_channel(name: str, hits: Ranked) -> None:
+    """Refuse a channel that is not a canonical ranked list (the receipt would not re-derive)."""
+    seen: set[str] = set()
+    prev: tuple[float, str] | None = None
+    for rid, score in hits:
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"channel {name!r}: record ids must be non-empty strings")
+        if not isinstance(score, int | float) or not math.isfinite(score):
+            raise ValueError(f"channel {name!r}: scores must be finite numbers")
+        if rid in seen:
+            raise ValueError(f"channel {name!r}: duplicate record id {rid!r}")
+        key = (-float(score), rid)
+        if prev is not None and key < prev:
+            raise ValueError(f"channel {name!r}: not sorted by (-score, record_id)")
+        seen.add(rid)
+        prev = key
+
+
+def channel_ranks(channels: Channels) -> dict[str, dict[str, int]]:
+    """``{record_id: {channel: rank}}`` (1-based), the per-channel ranks a rank receipt lists."""
+    out: dict[str, dict[str, int]] = {}
+    for name in sorted(channels):
+        check_channel(name, channels[name])
+        for rank, (rid, _score) in enumerate(channels[name], start=1):
+            out.setdefault(rid, {})[name] = rank
+    return out
+
+
+def rrf(channels: Channels, k: float = 60, weights: Mapping[str, float] | None = None) -> Ranked:
+    """Reciprocal rank fusion (Cormack et al., SIGIR 2009).
+
+    ``fused(d) = Σ_c w_c / (k + rank_c(d))`` with ``rank_c`` starting at 1 and ``w_c = 1`` unless
+    ``weights`` is given. ``k = 60`` is the classic constant (Qdrant's k=2 ≈ a sharper head).
+    """
+    if not (isinstance(k, int | float) and math.isfinite(k) and k >= 0):
+        raise ValueError("k must be a finite number >= 0")
+    w = _weights(channels, weights)
+    fused: dict[str, float] = {}
+    for name in sorted(channels):
+        check_channel(name, channels[name])
+        for rank, (rid, _score) in enumerate(channels[name], start=1):
+            fused[rid] = fused.get(rid, 0.0) + w[name] / (k + rank)
+    return _ordered(fused)
+
+
+def dbsf(channels: Channels, weights: Mapping[str, float] | None = None) -> Ranked:
+    """Distribution-based score fusion (as in Qdrant's ``fusion: dbsf``).
+
+    Per channel, with ``μ`` the mean and ``σ`` the population standard deviation of its scores:
+    ``n_c(d) = clip((s - (μ - 3σ)) / 6σ, 0, 1)``; when ``σ = 0`` (one hit, or all equal) every
+    hit gets ``0.5``, the value the formula gives at ``s = μ``.
+    ``fused(d) = Σ_c w_c · n_c(d)``, ``w_c = 1`` by default.
+    """
+    w = _weights(channels, weights)
+    fused: dict[str, float] = {}
+    for name in sorted(channels):
+        hits = channels[name]
+        check_channel(name, hits)
+        if not hits:
+            continue
+        scores = [float(s) for _rid, s in hits]
+        mean = math.fsum(scores) / len(scores)
+        sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / len(scores))
+        low, span = mean - 3.0 * sigma, 6.0 * sigma
+        for rid, s in hits:
+            norm = 0.5 if span == 0.0 else min(1.0, max(0.0, (float(s) - low) / span))
+            fused[rid] = fused.get(rid, 0.0) + w[name] * norm
+    return _ordered(fused)
+
+
+def convex(channels: Channels, weights: Mapping[str, float]) -> Ranked:
+    """Convex combination of min-max normalised scores (Bruch et al., TOIS 2023; Weaviate RSF).
+
+    ``n_c(d) = (s - min_c) / (max_c - min_c)``, or ``1.0`` for every hit when ``max_c = min_c``;
+    ``fused(d) = Σ_c w_c · n_c(d)``. Every channel needs a weight; they need not sum to 1.
+    """
+    w = _weights(channels, weights)
+    fused: dict[str, float] = {}
+    for name in sorted(channels):
+        hits = channels[name]
+        check_channel(name, hits)
+        if not hits:
+            continue
+        top, bottom = float(hits[0][1]), float(hits[-1][1])  # lists are sorted by -score
+        span = top - bottom
+        for rid, s in hits:
+            norm = 1.0 if span == 0.0 else (float(s) - bottom) / span
+            fused[rid] = fused.get(rid, 0.0) + w[name] * norm
+    return _ordered(fused)
+
+
+def _weights(channels: Channels, weights: Mapping[str, float] | None) -> dict[str, float]:
+    if weights is None:
+        return {name: 1.0 for name in channels}
+    missing = sorted(set(channels) - set(weights))
+    if missing:
+        raise ValueError(f"no weight for channels {missing}")
+    out = {name: float(weights[name]) for name in channels}
+    if any(not (math.isfinite(v) and v >= 0.0) for v in out.values()):
+        raise ValueError("weights must be finite and >= 0")
+    return out
+
+
+def _ordered(fused: dict[str, float]) -> Ranked:
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))

@@ -1,0 +1,437 @@
+"""Lexical channel: one Tantivy BM25 index per tenant/workspace scope directory.
+
+Determinism and purge rules (see ENVIRONMENT_NOTES §3, LANDSCAPE §2.2/§4.1):
+
+* One writer thread and documents added in ``record_id`` order, so builds are reproducible.
+* Tantivy's BM25 statistics count deleted-but-unmerged documents, and tantivy-py 0.27 exposes
+  no merge call. So any delete, or an upsert that changes an indexed document, *rewrites* the
+  index: ``delete_all_documents`` plus the surviving documents (read back from the doc store)
+  in one commit, then merge threads are drained and old files garbage-collected. The result is
+  a single segment with no tombstones -- the same index a fresh build would produce -- and no
+  file in the directory holds the removed text any more.
+* Adds of new ids are plain commits; segment count does not change scores (global stats).
+* Ties are broken in Python on ``record_id``; tantivy's own tie order follows doc addresses.
+* Queries are built from the analyzer's tokens, never ``parse_query`` (which raises on user text).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import tantivy
+
+from retrieval._files import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+FIELDS: tuple[str, ...] = ("primary", "decision", "evidence", "context", "citations")
+ID_FIELD = "id"
+TOKENIZER_NAME = "engram_en_stem_v1"
+TOKENIZER_DESCRIPTION = "tantivy simple + remove_long(40) + lowercase + stemmer(english)"
+INDEX_OPTION = "freq"  # BM25 needs term frequencies only; positions would just grow the index
+SIDECAR = "engram_projection.json"
+SIDECAR_FORMAT = 1
+MAX_LIMIT = 2000
+TANTIVY_VERSION = version("tantivy")
+BM25 = {"k1": 1.2, "b": 0.75}  # fixed inside tantivy (src/query/bm25.rs)
+
+
+class LexicalIndexError(RuntimeError):
+    """The lexical projection cannot be opened or used (locked, incompatible, closed, engine panic)."""
+
+
+@dataclass(frozen=True)
+class LexicalConfig:
+    """Per-field BM25 boosts and engine knobs. The defaults are the reference profile (§10.4)."""
+
+    primary: float = 3.0
+    decision: float = 2.0
+    evidence: float = 1.5
+    context: float = 1.0
+    citations: float = 0.5
+    max_query_terms: int = 1024  # bounds the query tree for 8 KB-of-text queries
+    writer_heap_bytes: int = 32_000_000
+
+    def __post_init__(self) -> None:
+        weights = self.weights()
+        if any(not (w >= 0.0 and w < float("inf")) for w in weights.values()):
+            raise ValueError("field weights must be finite and >= 0")
+        if not any(w > 0.0 for w in weights.values()):
+            raise ValueError("at least one field weight must be > 0")
+        if self.max_query_terms < 1:
+            raise ValueError("max_query_terms must be >= 1")
+
+    def weights(self) -> dict[str, float]:
+        return {f: float(getattr(self, f)) for f in FIELDS}
+
+    def describe(self) -> dict[str, Any]:
+        """What a rank receipt needs to name this channel's scoring."""
+        return {
+            "engine": "tantivy",
+            "engine_version": TANTIVY_VERSION,
+            "tokenizer": TOKENIZER_NAME,
+            "tokenizer_description": TOKENIZER_DESCRIPTION,
+            "bm25": dict(BM25),
+            "field_weights": self.weights(),
+            "max_query_terms": self.max_query_terms,
+        }
+
+
+REFERENCE_PROFILE = LexicalConfig()
+
+
+@dataclass(frozen=True)
+class LexicalDoc:
+    """One accepted record as the lexical channel sees it; missing fields are empty."""
+
+    record_id: str
+    fields: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.record_id, str) or not self.record_id:
+            raise ValueError("record_id must be a non-empty string")
+        unknown = set(self.fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown lexical fields: {sorted(unknown)}")
+        normalised: dict[str, str] = {}
+        for name in FIELDS:
+            value = self.fields.get(name, "")
+            if not isinstance(value, str):
+                raise TypeError(f"field {name!r} must be a string")
+            value.encode("utf-8")  # lone surrogates cannot cross into Rust: refuse them here
+            normalised[name] = value
+        self.record_id.encode("utf-8")
+        object.__setattr__(self, "fields", MappingProxyType(normalised))
+
+
+def build_analyzer() -> tantivy.TextAnalyzer:
+    """The index and query analyzer (equivalent to tantivy's ``en_stem``)."""
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.stemmer("english"))
+        .build()
+    )
+
+
+_ANALYZER = build_analyzer()
+
+
+def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> list[str]:
+    """Distinct analyzed tokens of ``text`` (first ``max_terms`` by appearance), sorted."""
+    if not isinstance(text, str):
+        raise TypeError("query must be a string")
+    safe = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> '?', dropped
+    seen: dict[str, None] = {}
+    for token in _ANALYZER.analyze(safe):
+        if token not in seen:
+            seen[token] = None
+            if len(seen) >= max_terms:
+                break
+    return sorted(seen)
+
+
+def _schema() -> tantivy.Schema:
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field(ID_FIELD, stored=True, tokenizer_name="raw", index_option="basic")
+    for name in FIELDS:
+        # stored=True: the index must be able to rewrite itself without the store (see module doc).
+        sb.add_text_field(name, stored=True, tokenizer_name=TOKENIZER_NAME, index_option=INDEX_OPTION)
+    return sb.build()
+
+
+def _is_panic(exc: BaseException) -> bool:
+    # pyo3's PanicException derives from BaseException; only that one is translated.
+    return type(exc).__name__ == "PanicException"
+
+
+class LexicalIndex:
+    """BM25 over one scope directory. Thread-safe; one instance (one writer) per directory."""
+
+    def __init__(self, path: Path, index: tantivy.Index, config: LexicalConfig) -> None:
+        self._path = path
+        self._index = index
+        self._config = config
+        self._lock = threading.RLock()
+        self._closed = False
+        self._writer: tantivy.IndexWriter | None = self._new_writer()
+        self._cursor = self._read_cursor()
+        self._index.reload()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path, config: LexicalConfig = REFERENCE_PROFILE) -> LexicalIndex:
+        """Open the index in ``path``, creating it if missing."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            index = tantivy.Index(_schema(), path=str(path), reuse=True)
+        except ValueError as exc:
+            raise LexicalIndexError("directory holds an incompatible lexical index") from exc
+        index.register_tokenizer(TOKENIZER_NAME, build_analyzer())
+        index.config_reader(reload_policy="Manual")  # we reload after each commit; no async surprises
+        return cls(path, index, config)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                try:
+                    writer.wait_merging_threads()  # consumes the writer and releases the lock file
+                except Exception:
+                    log.exception("lexical merge threads failed while closing %s", self._path)
+
+    def __enter__(self) -> LexicalIndex:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def config(self) -> LexicalConfig:
+        return self._config
+
+    # -- journal cursor ----------------------------------------------------------------------
+
+    @property
+    def cursor(self) -> str | None:
+        """The journal cursor this projection reflects (set by the store); None = nothing applied."""
+        return self._cursor
+
+    def set_cursor(self, cursor: str) -> None:
+        if not isinstance(cursor, str):
+            raise TypeError("cursor must be a string")
+        with self._lock:
+            self._live_writer()
+            self._write_cursor(cursor)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def upsert(self, docs: Sequence[LexicalDoc]) -> None:
+        """Insert or replace documents (the last one wins for a repeated id).
+
+        New ids are added in one commit. Replacing a document whose text changed rewrites
+        the index so the old text and its statistics disappear; unchanged ones are skipped.
+        """
+        batch = {d.record_id: d for d in docs}
+        if not batch:
+            return
+        with self._lock:
+            self._live_writer()
+            searcher = self._index.searcher()
+            existing = [rid for rid in batch if searcher.doc_freq(ID_FIELD, rid) > 0]
+            if existing:
+                current = self._stored(searcher, existing)
+                for rid in existing:
+                    if current.get(rid) == batch[rid]:
+                        del batch[rid]
+                if not batch:
+                    return
+                if any(rid in current for rid in batch):
+                    live = self._stored(searcher)
+                    live.update(batch)
+                    self._rewrite(live)
+                    return
+            self._guarded(lambda w: [w.add_document(_to_document(batch[rid])) for rid in sorted(batch)])
+
+    def delete(self, record_ids: Sequence[str]) -> None:
+        """Remove documents and physically purge them (rewrite + merge drain + GC)."""
+        with self._lock:
+            self._live_writer()
+            searcher = self._index.searcher()
+            doomed = {rid for rid in record_ids if searcher.doc_freq(ID_FIELD, rid) > 0}
+            if not doomed:
+                return
+            live = self._stored(searcher)
+            for rid in doomed:
+                live.pop(rid, None)
+            self._rewrite(live)
+
+    def rebuild(self, docs: Iterable[LexicalDoc]) -> None:
+        """Replace the whole content with ``docs`` in one commit (the canonical build)."""
+        with self._lock:
+            self._live_writer()
+            self._rewrite({d.record_id: d for d in docs})
+
+    def clear(self) -> None:
+        """Drop every document and forget the cursor."""
+        with self._lock:
+            self._live_writer()
+            self._rewrite({})
+            self._write_cursor(None)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        with self._lock:
+            self._live_writer()
+            return int(self._index.searcher().num_docs)
+
+    def contains(self, record_id: str) -> bool:
+        with self._lock:
+            self._live_writer()
+            return self._index.searcher().doc_freq(ID_FIELD, record_id) > 0
+
+    def describe(self) -> dict[str, Any]:
+        """Engine, scoring profile, size and cursor: what a rank receipt names for this channel."""
+        return {**self._config.describe(), "count": self.count(), "cursor": self._cursor}
+
+    def query_terms(self, text: str) -> list[str]:
+        return query_terms(text, self._config.max_query_terms)
+
+    def search(self, query: str, limit: int) -> list[tuple[str, float]]:
+        """Top ``limit`` (clamped to [1, 2000]) hits as ``(record_id, bm25)``, by (-score, record_id).
+
+        The score is Σ_terms Σ_fields weight_f · BM25_f(term) with tantivy's per-field statistics.
+        Ties at the cut are resolved on ``record_id``: we keep fetching until the hit after the
+        cut scores strictly lower, so the answer never depends on tantivy's doc addresses.
+        """
+        limit = max(1, min(int(limit), MAX_LIMIT))
+        terms = self.query_terms(query)
+        if not terms:
+            return []
+        with self._lock:
+            self._live_writer()
+            searcher = self._index.searcher()
+            total = int(searcher.num_docs)
+            if total == 0:
+                return []
+            q = self._build_query(terms)
+            fetch = min(limit + 1, total)
+            while True:
+                hits = self._search(searcher, q, fetch)
+                if len(hits) < fetch or fetch >= total or hits[limit - 1][0] > hits[-1][0]:
+                    break
+                fetch = min(fetch * 2, total)
+            ranked = sorted(
+                ((searcher.doc(addr)[ID_FIELD][0], float(score)) for score, addr in hits),
+                key=lambda hit: (-hit[1], hit[0]),
+            )
+            return ranked[:limit]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _new_writer(self) -> tantivy.IndexWriter:
+        try:
+            return self._index.writer(self._config.writer_heap_bytes, 1)  # 1 thread: reproducible
+        except ValueError as exc:
+            raise LexicalIndexError("lexical index is locked by another writer") from exc
+
+    def _live_writer(self) -> tantivy.IndexWriter:
+        if self._closed or self._writer is None:
+            raise LexicalIndexError("lexical index is closed")
+        return self._writer
+
+    def _build_query(self, terms: list[str]) -> tantivy.Query:
+        schema = self._index.schema
+        clauses = [
+            (
+                tantivy.Occur.Should,
+                tantivy.Query.boost_query(
+                    tantivy.Query.term_query(schema, name, term, index_option=INDEX_OPTION), weight
+                ),
+            )
+            for name, weight in self._config.weights().items()
+            if weight > 0.0
+            for term in terms
+        ]
+        return tantivy.Query.boolean_query(clauses)
+
+    @staticmethod
+    def _search(searcher: tantivy.Searcher, q: tantivy.Query, limit: int) -> list[tuple[float, Any]]:
+        try:
+            return list(searcher.search(q, limit=limit, count=False).hits)
+        except BaseException as exc:
+            if _is_panic(exc):
+                raise LexicalIndexError("tantivy search panicked") from exc
+            raise
+
+    def _stored(self, searcher: tantivy.Searcher, ids: Sequence[str] | None = None) -> dict[str, LexicalDoc]:
+        """Read documents back from tantivy's doc store (all of them, or the given ids)."""
+        if ids is None:
+            q = tantivy.Query.all_query()
+            n = int(searcher.num_docs)
+        else:
+            q = tantivy.Query.term_set_query(self._index.schema, ID_FIELD, list(ids))
+            n = len(ids)
+        if n == 0:
+            return {}
+        out: dict[str, LexicalDoc] = {}
+        for _score, addr in self._search(searcher, q, n):
+            stored = searcher.doc(addr).to_dict()
+            rid = stored[ID_FIELD][0]
+            out[rid] = LexicalDoc(rid, {f: stored[f][0] if stored.get(f) else "" for f in FIELDS})
+        return out
+
+    def _rewrite(self, docs: Mapping[str, LexicalDoc]) -> None:
+        def write(w: tantivy.IndexWriter) -> None:
+            w.delete_all_documents()
+            for rid in sorted(docs):
+                w.add_document(_to_document(docs[rid]))
+
+        self._guarded(write)
+        # A merge running in the background may still write files that contain removed text:
+        # drain the merge threads (this consumes the writer), then collect every unused file.
+        writer, self._writer = self._writer, None
+        assert writer is not None
+        writer.wait_merging_threads()
+        self._writer = self._new_writer()
+        self._writer.garbage_collect_files()
+
+    def _guarded(self, write: Any) -> None:
+        """Run ``write(writer)`` and commit; on any failure roll the uncommitted work back."""
+        writer = self._live_writer()
+        try:
+            write(writer)
+            writer.commit()
+        except BaseException as exc:
+            try:
+                writer.rollback()
+            except BaseException:  # a panicked writer cannot roll back; the commit never happened
+                log.exception("lexical writer rollback failed in %s", self._path)
+            if _is_panic(exc):
+                raise LexicalIndexError("tantivy writer panicked") from exc
+            raise
+        self._index.reload()
+
+    def _read_cursor(self) -> str | None:
+        sidecar = self._path / SIDECAR
+        if not sidecar.exists():
+            return None
+        try:
+            data = read_json(sidecar)
+            cursor = data["cursor"]
+            if data.get("format") != SIDECAR_FORMAT or not (cursor is None or isinstance(cursor, str)):
+                raise ValueError("unexpected sidecar content")
+            return cursor
+        except (OSError, ValueError, KeyError, TypeError):
+            # An unreadable cursor means "unknown": the store replays from the start.
+            log.warning("lexical projection sidecar unreadable in %s; cursor reset", self._path)
+            return None
+
+    def _write_cursor(self, cursor: str | None) -> None:
+        write_json(self._path / SIDECAR, {"format": SIDECAR_FORMAT, "cursor": cursor})
+        self._cursor = cursor
+
+
+def _to_document(doc: LexicalDoc) -> tantivy.Document:
+    values = {name: text for name, text in doc.fields.items() if text}
+    return tantivy.Document(**{ID_FIELD: doc.record_id}, **values)

@@ -1,0 +1,123 @@
+"""retrieval.fusion: RRF, DBSF and convex combination -- formulas, ties, determinism, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from retrieval.fusion import channel_ranks, convex, dbsf, rrf
+
+LEX = [("a", 9.0), ("b", 5.0), ("c", 1.0)]
+SEM = [("c", 0.9), ("a", 0.8), ("d", 0.1)]
+
+
+def test_rrf_formula_and_order() -> None:
+    fused = rrf({"lexical": LEX, "semantic": SEM})
+    expected = {
+        "a": 1 / 61 + 1 / 62,
+        "b": 1 / 62,
+        "c": 1 / 63 + 1 / 61,
+        "d": 1 / 63,
+    }
+    assert [rid for rid, _ in fused] == ["a", "c", "b", "d"]
+    assert {rid: s for rid, s in fused} == pytest.approx(expected, rel=0, abs=0)
+    weighted = rrf({"lexical": LEX, "semantic": SEM}, k=2, weights={"lexical": 2.0, "semantic": 0.5})
+    assert dict(weighted)["b"] == 2.0 / 4
+
+
+def test_ties_break_on_record_id() -> None:
+    fused = rrf({"x": [("b", 1.0)], "y": [("a", 1.0)]})
+    assert fused == [("a", 1 / 61), ("b", 1 / 61)]
+    assert convex({"x": [("z", 3.0)], "w": [("y", 5.0)]}, {"x": 1.0, "w": 1.0}) == [("y", 1.0), ("z", 1.0)]
+
+
+def test_dbsf_formula() -> None:
+    scores = [s for _, s in LEX]
+    mean = sum(scores) / 3
+    sigma = math.sqrt(sum((s - mean) ** 2 for s in scores) / 3)
+    low, span = mean - 3 * sigma, 6 * sigma
+    fused = dict(dbsf({"lexical": LEX}))
+    assert fused == pytest.approx({rid: (s - low) / span for rid, s in LEX})
+    single = dbsf({"one": [("a", 7.0)], "flat": [("b", 2.0), ("c", 2.0)]})
+    assert single == [("a", 0.5), ("b", 0.5), ("c", 0.5)]  # zero spread -> the midpoint
+    clipped = dict(dbsf({"x": [("a", 1000.0)] + [(f"n{i:02d}", 1.0) for i in range(30)]}))
+    assert clipped["a"] == 1.0 and all(0.0 <= v <= 1.0 for v in clipped.values())
+    heavy = dict(dbsf({"lexical": LEX, "semantic": SEM}, weights={"lexical": 0.0, "semantic": 1.0}))
+    assert heavy["b"] == 0.0
+
+
+def test_convex_min_max() -> None:
+    fused = dict(convex({"lexical": LEX, "semantic": SEM}, {"lexical": 0.3, "semantic": 0.7}))
+    lex_n = {"a": 1.0, "b": 0.5, "c": 0.0}
+    sem_n = {"c": 1.0, "a": 0.875, "d": 0.0}
+    for rid in "abcd":
+        assert fused[rid] == pytest.approx(0.3 * lex_n.get(rid, 0.0) + 0.7 * sem_n.get(rid, 0.0))
+    with pytest.raises(ValueError):
+        convex({"lexical": LEX, "semantic": SEM}, {"lexical": 1.0})
+
+
+def test_empty_and_single_channel() -> None:
+    assert rrf({}) == [] and dbsf({}) == [] and convex({}, {}) == []
+    assert rrf({"lexical": []}) == []
+    assert [rid for rid, _ in rrf({"lexical": LEX})] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [("b", 1.0), ("a", 2.0)],  # not sorted by score
+        [("b", 1.0), ("a", 1.0)],  # tie not sorted by id
+        [("a", 2.0), ("a", 1.0)],  # duplicate
+        [("a", float("nan"))],
+        [("", 1.0)],
+    ],
+)
+def test_rejects_non_canonical_channels(bad: list[tuple[str, float]]) -> None:
+    for fuse in (rrf, dbsf, lambda c: convex(c, {"x": 1.0})):
+        with pytest.raises(ValueError):
+            fuse({"x": bad})
+
+
+def test_bad_parameters() -> None:
+    with pytest.raises(ValueError):
+        rrf({"x": LEX}, k=-1)
+    with pytest.raises(ValueError):
+        rrf({"x": LEX}, weights={"x": -1.0})
+    with pytest.raises(ValueError):
+        dbsf({"x": LEX}, weights={"y": 1.0})
+
+
+def test_channel_ranks_for_receipts() -> None:
+    assert channel_ranks({"lexical": LEX, "semantic": SEM}) == {
+        "a": {"lexical": 1, "semantic": 2},
+        "b": {"lexical": 2},
+        "c": {"lexical": 3, "semantic": 1},
+        "d": {"semantic": 3},
+    }
+
+
+def _ranked(draw_items: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(draw_items.items(), key=lambda h: (-h[1], h[0]))
+
+
+channel = st.dictionaries(
+    st.text("abcdefgh", min_size=1, max_size=3),
+    st.floats(min_value=-50, max_value=50, allow_nan=False),
+    max_size=12,
+).map(_ranked)
+
+
+@given(st.dictionaries(st.sampled_from(["lexical", "semantic", "ppr"]), channel, max_size=3))
+def test_fusions_are_deterministic_and_canonical(channels: dict[str, list[tuple[str, float]]]) -> None:
+    reordered = dict(reversed(list(channels.items())))  # mapping order must not matter
+    weights = {name: 1.0 + i for i, name in enumerate(sorted(channels))}
+    union = {rid for hits in channels.values() for rid, _ in hits}
+    for fuse in (rrf, dbsf, lambda c: convex(c, weights)):
+        out = fuse(channels)
+        assert out == fuse(reordered)
+        assert out == sorted(out, key=lambda h: (-h[1], h[0]))
+        assert {rid for rid, _ in out} == union
+        assert all(math.isfinite(s) for _, s in out)
