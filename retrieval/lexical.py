@@ -254,6 +254,8 @@ class LexicalIndex:
 
     def delete(self, record_ids: Sequence[str]) -> None:
         """Remove documents and physically purge them (rewrite + merge drain + GC)."""
+        if isinstance(record_ids, str):
+            raise TypeError("delete takes a sequence of record ids, not a string")
         with self._lock:
             self._live_writer()
             searcher = self._index.searcher()

@@ -184,6 +184,8 @@ class VectorIndex:
 
     def upsert(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         """Insert or replace vectors (the last one wins for a repeated id); rows are normalised."""
+        if isinstance(ids, str):
+            raise TypeError("upsert takes a sequence of ids, not a string")
         ids = list(ids)
         x = np.asarray(vectors)
         if x.ndim != 2 or x.shape != (len(ids), self._dim):
@@ -218,6 +220,8 @@ class VectorIndex:
 
     def delete(self, ids: Sequence[str]) -> None:
         """Remove vectors from memory and rebuild the graph without them; ``save()`` purges files."""
+        if isinstance(ids, str):
+            raise TypeError("delete takes a sequence of ids, not a string")
         with self._lock:
             doomed = {rid for rid in ids if rid in self._rows}
             if not doomed:

@@ -143,6 +143,8 @@ def test_delete_physically_purges_text_and_terms(tmp_path: Path) -> None:
     assert ix.search(MARKER, 5) == []
     assert [rid for rid, _ in ix.search("w7", 5)] == ["keep07"]
     ix.delete(["secret", "never-existed"])  # idempotent
+    with pytest.raises(TypeError):
+        ix.delete("keep01")
     ix.close()
 
 

@@ -240,6 +240,8 @@ def test_rejects_bad_vectors(tmp_path: Path) -> None:
         ix.upsert([""], np.ones((1, DIM)))
     with pytest.raises(VectorIndexError):
         ix.search(np.ones(DIM + 1), 3)
+    with pytest.raises(TypeError):
+        ix.delete("mem_00001")  # a bare string would delete ids 'm', 'e', ...
     assert ix.count() == 0
     ix.upsert(["a", "a"], np.vstack([np.ones(DIM), -np.ones(DIM)]))  # last one wins
     assert ix.count() == 1 and ix.search(-np.ones(DIM), 1)[0][1] == pytest.approx(1.0)
