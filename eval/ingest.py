@@ -154,7 +154,7 @@ def open_engine(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> 
             wait_embedder(engine)
             # Embeds whatever was admitted while the model was loading (a lexical-only ingest,
             # a new model digest), here rather than inside the first timed search.
-            engine.semantic_ready()
+            engine.wait_semantic(None)
         yield engine
     finally:
         engine.close()

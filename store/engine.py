@@ -80,6 +80,9 @@ class Engine:
         )
         self.lock = threading.RLock()
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
+        self._stale: set[str] = set()
+        self._closed = False
+        self._semantic_done = threading.Event()
         self.embedder = None
         if config.semantic:
             from retrieval.embedder import shared_embedder
@@ -96,6 +99,7 @@ class Engine:
 
     def close(self) -> None:
         with self.lock:
+            self._closed = True
             self.projections.close()
             self.db.close()
 
@@ -114,11 +118,13 @@ class Engine:
             swept = self.keys.sweep_orphans(referenced)
             if swept:
                 log.info("destroyed %d orphan data keys", swept)
+            # Projections that lag the journal are rebuilt lazily, on the scope's next use, so a
+            # server answers initialize at once even after a crash.
             for scope_ref, projection_cursor in self.db.all("SELECT scope_ref, projection_cursor FROM scopes"):
                 if self.projections.lexical(scope_ref).cursor != str(projection_cursor):
-                    log.info("projection behind the journal; rebuilding one scope")
-                    self.rebuild_scope(scope_ref)
-            self._backfill_embeddings()
+                    self._stale.add(scope_ref)
+        if self.embedder is not None:
+            threading.Thread(target=self._semantic_loader, name="engram-semantic", daemon=True).start()
 
     # -- projections ---------------------------------------------------------------------
 
@@ -162,15 +168,22 @@ class Engine:
     def scopes(self) -> list[str]:
         return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
 
-    def _embed_and_store(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
-        """Embed admitted records once (kept in DuckDB, sealed with the record key) and index them."""
+    def _embed_and_store(self, scope_ref: str, records: list[dict[str, Any]], cursor: int,
+                         vectors: np.ndarray | None = None) -> None:
+        """Embed admitted records once (kept in DuckDB, sealed with the record key) and index them.
+
+        Records forgotten meanwhile have no key any more and are skipped."""
         if self.embedder is None or self.embedder.state != "ready" or not records:
             return
-        vectors = self.embedder.encode([embedding_text(r) for r in records])
+        if vectors is None:
+            vectors = self.embedder.encode([embedding_text(r) for r in records])
+        kept_ids, kept_rows = [], []
         with self.db.transaction() as con:
             for record, vec in zip(records, vectors, strict=True):
                 rid = record["record_id"]
-                row = con.execute("SELECT key_ref FROM records WHERE record_id = ?", [rid]).fetchone()
+                row = con.execute(
+                    "SELECT key_ref FROM records WHERE record_id = ? AND state = 'accepted_current'", [rid]
+                ).fetchone()
                 dek = self.keys.load(row[0]) if row and row[0] else None
                 if dek is None:
                     continue
@@ -179,32 +192,73 @@ class Engine:
                     [rid, self.embedder.model_digest, scope_ref,
                      seal(dek, np.asarray(vec, np.float32).tobytes(), record_context(rid))],
                 )
-        self.projections.add_vectors(scope_ref, [r["record_id"] for r in records], vectors, cursor)
+                kept_ids.append(rid)
+                kept_rows.append(vec)
+        if kept_ids:
+            self.projections.add_vectors(scope_ref, kept_ids, np.vstack(kept_rows), cursor)
 
-    def _backfill_embeddings(self) -> None:
-        """Embed records admitted while the model was not ready (called when it becomes ready)."""
-        if self.embedder is None or self.embedder.state != "ready":
+    BACKFILL_CHUNK = 256
+
+    def _missing_embeddings(self, limit: int) -> tuple[str, list[dict[str, Any]]] | None:
+        assert self.embedder is not None
+        for scope_ref in self.scopes():
+            missing = self.db.all(
+                "SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = 'accepted_current'"
+                " AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id"
+                " AND e.model_digest = ?) ORDER BY record_id LIMIT ?",
+                [scope_ref, self.embedder.model_digest, limit],
+            )
+            records = [r for r in (self.lifecycle.load_record(*m) for m in missing) if r is not None]
+            if records:
+                return scope_ref, records
+        return None
+
+    def _semantic_loader(self) -> None:
+        """Background: once the model is loaded, repair vector indexes that lag DuckDB, embed
+        records admitted while it was loading (a chunk at a time, encoding outside the lock),
+        then declare the semantic channel ready."""
+        assert self.embedder is not None
+        if not self.embedder.wait(None):
+            log.warning("embedding model unavailable; the semantic channel stays off")
             return
-        with self.lock:
-            for scope_ref in self.scopes():
-                missing = self.db.all(
-                    "SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = 'accepted_current'"
-                    " AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id"
-                    " AND e.model_digest = ?) ORDER BY record_id",
-                    [scope_ref, self.embedder.model_digest],
-                )
-                records = [r for r in (self.lifecycle.load_record(*m) for m in missing) if r is not None]
-                cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
-                for start in range(0, len(records), 256):
-                    self._embed_and_store(scope_ref, records[start:start + 256], int(cursor[0]))
+        try:
+            with self.lock:
+                if self._closed:
+                    return
+                for scope_ref in self.scopes():
+                    stored = self._stored_vectors(scope_ref)
+                    if stored is not None and self.projections.vectors(scope_ref).count() != len(stored[0]):
+                        self.rebuild_scope(scope_ref)
+            while True:
+                with self.lock:
+                    if self._closed:
+                        return
+                    todo = self._missing_embeddings(self.BACKFILL_CHUNK)
+                    if todo is None:
+                        self._semantic_done.set()  # under the lock: no admission slips in between
+                        return
+                scope_ref, records = todo
+                vectors = self.embedder.encode([embedding_text(r) for r in records])
+                with self.lock:
+                    if self._closed:
+                        return
+                    cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
+                    self._embed_and_store(scope_ref, records, int(cursor[0]), vectors)
+        except Exception:  # noqa: BLE001 - a background failure leaves the semantic channel unavailable
+            log.exception("semantic backfill failed; the semantic channel stays off")
 
     def semantic_ready(self) -> bool:
-        if self.embedder is None or self.embedder.state != "ready":
-            return False
-        if not getattr(self, "_backfilled", False):
-            self._backfilled = True
-            self._backfill_embeddings()
-        return True
+        """The model is loaded and every live record has its vector indexed."""
+        return self._semantic_done.is_set()
+
+    def wait_semantic(self, timeout: float | None = None) -> bool:
+        return self._semantic_done.wait(timeout)
+
+    def _fresh(self, scope_ref: str) -> None:
+        """Rebuild a scope whose projections lag the journal (crash, failed purge) before use."""
+        if scope_ref in self._stale:
+            self.rebuild_scope(scope_ref)
+            self._stale.discard(scope_ref)
 
     # -- the six operations --------------------------------------------------------------
 
@@ -214,6 +268,7 @@ class Engine:
 
     def request_admission(self, ctx: HostContext, args: Any) -> dict[str, Any]:
         with self.lock:
+            self._fresh(ctx.scope_ref)
             value, admitted = self.lifecycle.request_admission(ctx, _plain(args), self.clock())
             if admitted is not None:
                 if self._batch is not None:
@@ -250,6 +305,7 @@ class Engine:
 
     def forget(self, ctx: HostContext, args: Any) -> dict[str, Any]:
         with self.lock:
+            self._fresh(ctx.scope_ref)
             plain = _plain(args)
             value, rid = self.lifecycle.forget(ctx, plain, self.clock())
             if rid is None:
@@ -257,8 +313,9 @@ class Engine:
             cursor = int(value["receipt"]["cursor"])
             try:
                 self.projections.remove(ctx.scope_ref, [rid], cursor)
-            except Exception:  # noqa: BLE001 - reported as pending; recover() rebuilds the scope
+            except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
                 log.exception("projection purge failed; invalidation stays pending")
+                self._stale.add(ctx.scope_ref)
                 return value
             coverage = receipt_digest(
                 "projection-invalidation",
@@ -277,12 +334,14 @@ class Engine:
         from retrieval.search import get_record
 
         with self.lock:
+            self._fresh(ctx.scope_ref)
             return get_record(self, ctx, _plain(args))
 
     def search(self, ctx: HostContext, args: Any) -> dict[str, Any]:
         from retrieval.search import search
 
         with self.lock:
+            self._fresh(ctx.scope_ref)
             return search(self, ctx, _plain(args))
 
     # -- audit ---------------------------------------------------------------------------

@@ -81,8 +81,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
     engine = Engine.open(EngineConfig(data_dir=data_dir, model_path=model_path, semantic=semantic))
     try:
         if engine.embedder is not None:
-            engine.embedder.wait(180)  # records admitted before the model was ready get embedded now
-            engine.semantic_ready()
+            engine.wait_semantic(600)  # records admitted before the model was ready get embedded now
         scopes = [scope_ref] if scope_ref else engine.scopes()
         reports = []
         with Progress(disable=not show_progress, transient=False) as progress:

@@ -32,7 +32,7 @@ HYBRID = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 def open_engine(path: Path, **kw) -> Engine:
     engine = Engine.open(EngineConfig(data_dir=path, clock=lambda: T0, **kw))
     if kw.get("model_path") is None:
-        assert engine.embedder is not None and engine.embedder.wait(180), "packaged model failed to load"
+        assert engine.embedder is not None and engine.wait_semantic(180), "packaged model failed to load"
     return engine
 
 
@@ -142,3 +142,19 @@ def test_determinism_across_processes_restart_and_rebuild(built, tmp_path: Path)
     other = open_engine(tmp_path / "other")
     assert digests(other) == expected
     other.close()
+
+
+def test_records_admitted_without_model_are_backfilled(tmp_path: Path) -> None:
+    lexical_only = Engine.open(EngineConfig(data_dir=tmp_path / "b", clock=lambda: T0, semantic=False))
+    for i, text in enumerate(DOCS):
+        cap = lexical_only.capture(ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+        lexical_only.request_admission(ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+    assert lexical_only.db.one("SELECT count(*) FROM embeddings")[0] == 0
+    lexical_only.close()
+    engine = open_engine(tmp_path / "b")  # waits for the background backfill
+    try:
+        assert engine.db.one("SELECT count(*) FROM embeddings")[0] == len(DOCS)
+        top = search(engine, "feline resting", capability_policy=HYBRID)["records"][0]
+        assert "cat" in top["record"]["components"][0]["text"] or "kitten" in top["record"]["components"][0]["text"]
+    finally:
+        engine.close()

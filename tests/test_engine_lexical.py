@@ -225,3 +225,17 @@ def test_redaction_policy_is_configurable(tmp_path: Path) -> None:
         assert "citations" not in packet["record"] and "components" in packet["record"]
     finally:
         engine.close()
+
+
+def test_lost_projection_is_rebuilt_on_next_use(tmp_path: Path) -> None:
+    import shutil
+
+    engine = open_engine(tmp_path / "p")
+    rid = admit(engine, DOCS[1], 0)
+    engine.close()
+    shutil.rmtree(tmp_path / "p" / "projections")  # a crash that lost the derived data
+    engine = open_engine(tmp_path / "p")
+    try:
+        assert [p["record"]["record_id"] for p in search(engine, "tantivy ties")["records"]] == [rid]
+    finally:
+        engine.close()
