@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
-from retrieval.vectors import VectorIndex
-
-DEFAULT_HNSW_THRESHOLD = 20_000
+from retrieval.vectors import DEFAULT_HNSW_THRESHOLD, VectorIndex
 
 
 def scope_dirname(scope_ref: str) -> str:
