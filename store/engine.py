@@ -82,7 +82,8 @@ class Engine:
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self._stale: set[str] = set()
         self._closed = False
-        self._semantic_done = threading.Event()
+        self._semantic_done = threading.Event()  # ready: model loaded and backfill complete
+        self._semantic_settled = threading.Event()  # ready, or given up (model missing/broken)
         self.embedder = None
         if config.semantic:
             from retrieval.embedder import shared_embedder
@@ -218,6 +219,13 @@ class Engine:
         records admitted while it was loading (a chunk at a time, encoding outside the lock),
         then declare the semantic channel ready."""
         assert self.embedder is not None
+        try:
+            self._load_semantic()
+        finally:
+            self._semantic_settled.set()
+
+    def _load_semantic(self) -> None:
+        assert self.embedder is not None
         if not self.embedder.wait(None):
             log.warning("embedding model unavailable; the semantic channel stays off")
             return
@@ -252,7 +260,11 @@ class Engine:
         return self._semantic_done.is_set()
 
     def wait_semantic(self, timeout: float | None = None) -> bool:
-        return self._semantic_done.wait(timeout)
+        """Block until the semantic channel is ready or has given up; True when ready."""
+        if self.embedder is None:
+            return False
+        self._semantic_settled.wait(timeout)
+        return self._semantic_done.is_set()
 
     def _fresh(self, scope_ref: str) -> None:
         """Rebuild a scope whose projections lag the journal (crash, failed purge) before use."""
