@@ -127,7 +127,8 @@ def search(engine: Engine, ctx: HostContext, args: dict[str, Any]) -> dict[str, 
     scope = ctx.scope_ref
     _expire(engine, scope, now)
     policy = args.get("capability_policy", DEFAULT_POLICY)  # network "allow" grants nothing
-    semantic = engine.semantic_ready()
+    # A host that ranks without the semantic channel never switches profile mid-paging.
+    semantic = "semantic" in engine.config.channels and engine.semantic_ready()
     if policy["minimum_channels"] == "lexical_and_semantic" and not semantic:
         raise EngramError("RANKING_UNAVAILABLE")  # never a silent fallback
     profile = "hybrid_v1" if semantic else "lexical_v1"
