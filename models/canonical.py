@@ -26,6 +26,8 @@ def nfc(text: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # lone surrogate
         raise CanonicalizationError("unpaired surrogate") from exc
+    if unicodedata.is_normalized("NFC", text):  # the common case, without a copy
+        return text
     return unicodedata.normalize("NFC", text)
 
 

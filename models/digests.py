@@ -22,6 +22,11 @@ def receipt_digest(kind: str, obj: dict[str, Any], field: str = "receipt_digest"
     return digest(f"{DOMAIN_PREFIX}/{kind}/v1\0", body)
 
 
+def digest_bytes(kind: str, canonical: bytes) -> str:
+    """receipt_digest over an object already serialised canonically (without its digest field)."""
+    return "sha256:" + hashlib.sha256(f"{DOMAIN_PREFIX}/{kind}/v1\0".encode() + canonical).hexdigest()
+
+
 def payload_digest(payload: dict[str, Any]) -> str:
     return digest(f"{DOMAIN_PREFIX}/payload/v2\0", payload)
 

@@ -239,3 +239,14 @@ def test_lost_projection_is_rebuilt_on_next_use(tmp_path: Path) -> None:
         assert [p["record"]["record_id"] for p in search(engine, "tantivy ties")["records"]] == [rid]
     finally:
         engine.close()
+
+
+def test_response_digest_binds_the_canonical_value(engine: Engine) -> None:
+    from models.digests import receipt_digest
+
+    for i, t in enumerate(DOCS):
+        admit(engine, t, i)
+    for kw in ({}, {"limit": 2}):
+        value = search(engine, "the service state record", **kw)
+        body = {k: v for k, v in value.items() if k != "response_digest"}
+        assert value["response_digest"] == receipt_digest("recall-packet", body, "packet_digest")
