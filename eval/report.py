@@ -81,7 +81,7 @@ def plot(path: Path, results: Mapping[str, Any]) -> None:
     runs: dict[str, Mapping[str, float]] = {f"engram {k}": v for k, v in results["runs"].items()}
     peer = results.get("peer") or {}
     runs.update({f"{peer['name']} {k}": v for k, v in (peer.get("runs") or {}).items()})
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
     width = 0.8 / max(1, len(runs))
     for i, (name, scores) in enumerate(runs.items()):
         xs = [j + i * width for j in range(len(METRICS))]
@@ -91,7 +91,8 @@ def plot(path: Path, results: Mapping[str, Any]) -> None:
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("score")
     ax.set_title(f"{results['dataset']}: {results['docs']:,} docs, {results['queries']:,} queries")
-    ax.legend(fontsize=7, loc="upper left", ncols=2)
+    # below the axes: inside, it hides the first group's value labels
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncols=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
