@@ -18,6 +18,7 @@ from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
 
+from eval.cli import bench_cmd, eval_cmd  # noqa: E402
 from server.config import ConfigError, load_config  # noqa: E402
 from server.maintenance import rebuild_index_cmd  # noqa: E402
 
@@ -138,6 +139,8 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 # registering one is one import and one line, e.g. `app.command("eval")(eval_cmd)`.
 app.command("serve")(serve)
 app.command("rebuild-index")(rebuild_index_cmd)
+app.command("eval")(eval_cmd)
+app.command("bench")(bench_cmd)
 
 
 if __name__ == "__main__":

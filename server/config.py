@@ -58,7 +58,7 @@ class ServeConfig:
     confirm: tuple[str, ...] = ()
     model_path: Path | None = None
     semantic: bool = True  # false: lexical channel only (no embedding model is loaded)
-    fusion: str = "rrf"
+    fusion: str = "convex"  # the evaluated default (eval/RESULTS.md)
     rrf_k: int = 60
     retention_ceiling_days: int | None = None
     allow_retain: bool = False

@@ -39,7 +39,7 @@ class EngineConfig:
     policy: HostPolicy = field(default_factory=HostPolicy)
     model_path: Path | None = None  # None: the packaged model
     semantic: bool = True  # load the embedding model in the background
-    fusion: str = "rrf"  # rrf | dbsf | convex
+    fusion: str = "convex"  # convex | rrf | dbsf; convex 0.5/0.5 won the evaluation (eval/RESULTS.md)
     rrf_k: int = 60
     fusion_weights: tuple[float, float] = (0.5, 0.5)  # lexical, semantic (score-based fusion)
     hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD

@@ -144,7 +144,8 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
     expected_digest = compute_model_digest(model_dir)
     assert expected_digest and expected_digest.startswith("sha256:")
 
-    async with start_server(data_dir_factory("hybrid")) as mcp:  # the default: the packaged model
+    # the packaged model; the host selects RRF so the fused scores can be re-derived from the ranks
+    async with start_server(data_dir_factory("hybrid"), extra=["--fusion", "rrf"]) as mcp:
         target_id = await admit(mcp, TARGET)  # admitted while the model loads: backfilled later
         other_ids = [await admit(mcp, text) for text in OTHERS]
         assert len(set(other_ids + [target_id])) == 6

@@ -66,7 +66,9 @@ def test_semantic_finds_records_sharing_no_word(built) -> None:
     top = [p["record"]["record_id"] for p in value["records"][:2]]
     assert set(top) == {ids[0], ids[3]}
     receipt = value["rank_receipt"]
-    assert receipt["profile"] == "hybrid_v1" and receipt["fusion"] == {"method": "rrf", "k": 60}
+    # the evaluated default: min-max convex fusion, equal weights
+    assert receipt["profile"] == "hybrid_v1"
+    assert receipt["fusion"] == {"method": "convex", "weights": {"lexical": 0.5, "semantic": 0.5}}
     semantic = receipt["channels"][1]
     assert semantic["contributed"] and semantic["index_kind"] == "exact" and semantic["engine"] == "numpy"
     assert semantic["model_id"].endswith("all-MiniLM-L6-v2") and semantic["model_digest"].startswith("sha256:")

@@ -22,7 +22,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from eval.cli import bench_cmd, eval_cmd  # noqa: E402
 
-DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", "/work/shared/data"))
+# CI lays shared/ beside the clone: <root>/../shared/data; ENGRAM_EVAL_DATA overrides.
+DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SCIFACT = DATA / "scifact"
 TOLERANCE = 0.02  # hybrid may trail a channel by this much on a small subset
 
