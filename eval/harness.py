@@ -25,6 +25,7 @@ from eval.beir import Collection, load_collection, truncate_utf8
 from eval.ingest import (
     CHANNEL_SETS,
     IngestResult,
+    admission_policy_ref,
     doc_text,
     host_context,
     load_or_ingest,
@@ -206,6 +207,8 @@ def run_eval(
         "rejected": ing.rejected,
         "judged_pairs": sum(1 for q in col.qrels.values() for g in q.values() if g > 0),
         "receipts": {ch: r.receipt for ch, r in results_runs.items()},
+        "restarted_queries": {ch: r.restarted_queries for ch, r in results_runs.items()},
+        "admission_policy": admission_policy_ref(),
         "truncated_queries": max((r.truncated_queries for r in results_runs.values()), default=0),
         "store": {"dir": str(store_dir), "reused": ing.reused, "ingest_s": ing.seconds,
                   "fingerprint": col.fingerprint},

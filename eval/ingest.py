@@ -10,8 +10,9 @@ Both map to the same embedding text (the engine joins component texts with "\\n"
 semantic channel is identical and only the lexical document differs.
 
 The store is cached under ``cache_root/<dataset>-<mapping>-<limit>-<fingerprint>``: the
-fingerprint hashes the selected documents and the harness' mapping version, so an edited
-corpus or another subset can never be served from a stale store. A store is reused only if
+fingerprint hashes the selected documents, the harness' mapping version and the engine's
+admission policy id@version, so an edited corpus, another subset or another policy can never
+be served from a stale store. A store is reused only if
 its ``manifest.json`` -- written after ingest *and* embedding completed -- matches; anything
 else is wiped and rebuilt. Embeddings live in the store's DuckDB keyed by record and model
 digest, so reusing the store skips re-embedding (and a new model re-embeds by itself).
@@ -132,8 +133,16 @@ class IngestResult:
         return {r: d for d, r in self.doc_to_record.items()}
 
 
+def admission_policy_ref() -> str:
+    """The engine's admission policy id and version: which docs are admitted depends on it."""
+    from store.policy import POLICY_ID, POLICY_VERSION
+
+    return f"{POLICY_ID}@{POLICY_VERSION}"
+
+
 def store_key(col: Collection, mapping: str) -> str:
-    fp = hashlib.sha256(f"{INGEST_VERSION}\0{mapping}\0{col.fingerprint}".encode()).hexdigest()[:16]
+    key = f"{INGEST_VERSION}\0{mapping}\0{admission_policy_ref()}\0{col.fingerprint}"
+    fp = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"{col.name}-{mapping}-{col.limit_docs or 'all'}-{fp}"
 
 
@@ -182,7 +191,8 @@ def wait_embedder(engine: Any, timeout: float = EMBED_TIMEOUT_S) -> None:
 
 def _manifest(col: Collection, mapping: str) -> dict[str, Any]:
     return {"ingest_version": INGEST_VERSION, "dataset": col.name, "mapping": mapping,
-            "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs)}
+            "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs),
+            "admission_policy": admission_policy_ref()}
 
 
 def load_or_ingest(

@@ -36,6 +36,7 @@ class RunResult:
     truncated_queries: int = 0
     empty_queries: list[str] = field(default_factory=list)
     unknown_records: int = 0  # ranked ids not in the doc map (should be 0)
+    restarted_queries: int = 0  # paging hit STALE_PAGE and the query was re-run from page 1
 
 
 def _summary(receipt: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,7 +98,12 @@ def run_queries(
         try:
             entries, first_s, receipt = search_depth(engine, ctx, query, depth)
         except EngramError as exc:
-            raise RuntimeError(f"search failed for query {qid!r}: {exc}") from exc
+            if exc.code != "STALE_PAGE":
+                raise RuntimeError(f"search failed for query {qid!r}: {exc}") from exc
+            # The ranking changed between pages (e.g. the model finished loading): an agent
+            # would start over, and so do we, once.
+            result.restarted_queries += 1
+            entries, first_s, receipt = search_depth(engine, ctx, query, depth)
         if not result.receipt and receipt:
             result.receipt = _summary(receipt)
         hits = []
