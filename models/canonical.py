@@ -3,12 +3,16 @@
 Normalisation happens before serialisation: strings to NFC (lone surrogates refused),
 non-finite numbers and -0 refused, integral numbers must be safe integers, object keys
 NFC-normalised with collisions refused. Serialisation (UTF-16 key order, ECMAScript
-number formatting) is delegated to the maintained ``rfc8785`` library.
+number formatting) is delegated to the maintained ``rfc8785`` library, except where the
+standard library's C encoder provably writes the same bytes (see ``canonical_bytes``).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import secrets
 import unicodedata
 from typing import Any
 
@@ -22,6 +26,8 @@ class CanonicalizationError(ValueError):
 
 
 def nfc(text: str) -> str:
+    if text.isascii():  # the common case (ids, digests, refs): already NFC, no surrogates
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # lone surrogate
@@ -37,6 +43,20 @@ def utf8_len(text: str) -> int:
 
 
 def normalize(value: Any) -> Any:
+    return _normalize(value, _Walk(None))
+
+
+class _Walk:
+    """What ``canonical_bytes`` learns while normalising (see there)."""
+
+    __slots__ = ("floats", "slow")
+
+    def __init__(self, floats: list[float] | None) -> None:
+        self.floats = floats  # None: keep floats; a list: swap each for a numbered mark
+        self.slow = False  # a non-ASCII key: UTF-16 order may differ from code point order
+
+
+def _normalize(value: Any, walk: _Walk) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -54,9 +74,12 @@ def normalize(value: Any) -> Any:
             if abs(value) > SAFE_INTEGER_MAX:
                 raise CanonicalizationError("unsafe integer")
             return int(value)
-        return value
+        if walk.floats is None:
+            return value
+        walk.floats.append(value)
+        return f"{_MARK}{len(walk.floats) - 1}"
     if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
+        return [_normalize(v, walk) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
@@ -65,12 +88,41 @@ def normalize(value: Any) -> Any:
             nkey = nfc(key)
             if nkey in out:
                 raise CanonicalizationError("duplicate key after NFC normalisation")
-            out[nkey] = normalize(item)
+            if not nkey.isascii():
+                walk.slow = True
+            out[nkey] = _normalize(item, walk)
         return out
     raise CanonicalizationError("unsupported type")
 
 
+# A per-process random mark standing in for a float while the C encoder runs; JSON-escaped
+# it reads "\u0000f<hex>:<n>". A string that happens to equal a mark changes the count and
+# sends the value down the rfc8785 path, so the output is exact either way.
+_MARK = "\x00f" + secrets.token_hex(8) + ":"
+_MARK_RE = re.compile(re.escape(json.dumps(_MARK)[:-1]).encode() + rb'(\d+)"')
+
+
 def canonical_bytes(value: Any) -> bytes:
+    """JCS bytes of the normalised value.
+
+    For a value with ASCII keys -- every digest input the engine builds -- JCS is exactly
+    ``json.dumps(sort_keys, compact, ensure_ascii=False)`` with each non-integral number
+    written the ECMAScript way: code point order equals UTF-16 order on ASCII keys, safe
+    integers print alike, and both escape only ``"``, ``\\`` and U+0000-U+001F with the same
+    short forms and lowercase ``\\u00xx``. Floats go through rfc8785 one by one (ECMAScript
+    formatting is its job); the rest runs in the C encoder, ~10x faster than rfc8785's
+    pure-Python walk. Anything else is rfc8785's. tests/test_canonical.py checks both agree.
+    """
+    walk = _Walk([])
+    normalized = _normalize(value, walk)
+    if not walk.slow:
+        text = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        floats = walk.floats or []
+        if not floats:
+            return text
+        marks = _MARK_RE.findall(text)
+        if sorted(int(m) for m in marks) == list(range(len(floats))):
+            return _MARK_RE.sub(lambda m: rfc8785.dumps(floats[int(m[1])]), text)
     try:
         return rfc8785.dumps(normalize(value))
     except rfc8785.CanonicalizationError as exc:

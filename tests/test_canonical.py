@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from models.canonical import CanonicalizationError, canonical_bytes, canonical_text, integral_floats_to_int
 from models.digests import (
@@ -224,3 +226,47 @@ def test_integral_floats_become_ints() -> None:
     assert type(converted["a"]) is int and type(converted["b"][0]) is int
     assert type(converted["c"]) is bool  # a bool is never turned into an int
     assert type(converted["d"]) is float  # unsafe: left for canonicalisation to refuse
+
+
+# -- the stdlib fast path writes exactly rfc8785's bytes ------------------------------------
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_keys = st.one_of(st.text(st.characters(max_codepoint=127), max_size=6), _text)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | _text
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != 0 or math.copysign(1, f) > 0),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json)
+@settings(max_examples=400, deadline=None)
+def test_fast_path_matches_rfc8785(value: object) -> None:
+    import rfc8785
+
+    from models.canonical import normalize
+
+    try:
+        expected = rfc8785.dumps(normalize(value))
+    except CanonicalizationError:
+        return  # e.g. keys colliding after NFC: refused on both paths
+    assert canonical_bytes(value) == expected
+
+
+def test_fast_path_edge_strings() -> None:
+    import rfc8785
+
+    for value in [{"a": "\x00\x1f\x7f\u2028\"\\\b\f\n\r\t/"}, {"z": 1, "a": [True, None, -5]}, {"é": 1, "e": 2},
+                  {"\ufb01": 1, "\U0001f600": 2}, {"k": 2**53 - 1}, {"k": 1.5}, ["\U0010ffff"]]:
+        assert canonical_bytes(value) == rfc8785.dumps(value)
+
+
+def test_fast_path_float_marks_cannot_be_forged() -> None:
+    import rfc8785
+
+    from models import canonical
+
+    forged = canonical._MARK + "0"  # a string equal to the first float's stand-in
+    for value in [{"a": forged, "b": 0.5}, {"a": [0.25, forged]}, {"s": forged}, [0.1, 0.2, 1e-7, 1.5e-300, 123.456]]:
+        assert canonical_bytes(value) == rfc8785.dumps(value)
