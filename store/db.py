@@ -45,6 +45,9 @@ class Database:
             [str(epoch)],
         )
         self.storage_epoch = str(epoch)
+        # Each scope's (high_water, last_event_hash). This process is the only writer (flock),
+        # so the cache is exact; an aborted transaction drops it, the next use re-reads it.
+        self._heads: dict[str, tuple[int, str]] = {}
 
     def close(self) -> None:
         try:
@@ -59,9 +62,14 @@ class Database:
         try:
             yield self.con
         except BaseException:
+            self._heads.clear()
             self.con.rollback()
             raise
-        self.con.commit()
+        try:
+            self.con.commit()
+        except BaseException:
+            self._heads.clear()
+            raise
 
     def one(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...] | None:
         return self.con.execute(sql, params or []).fetchone()
@@ -71,35 +79,49 @@ class Database:
 
     # -- journal -------------------------------------------------------------------------
 
-    def high_water(self, scope_ref: str) -> int:
-        row = self.one("SELECT high_water FROM scopes WHERE scope_ref = ?", [scope_ref])
-        return int(row[0]) if row else 0
+    def _head(self, scope_ref: str) -> tuple[int, str] | None:
+        head = self._heads.get(scope_ref)
+        if head is None:
+            row = self.one("SELECT high_water, last_event_hash FROM scopes WHERE scope_ref = ?", [scope_ref])
+            if row is None:
+                return None
+            head = self._heads[scope_ref] = (int(row[0]), row[1])
+        return head
 
-    def append_event(self, con: duckdb.DuckDBPyConnection, scope_ref: str, event: dict[str, Any]) -> dict[str, Any]:
+    def high_water(self, scope_ref: str) -> int:
+        head = self._head(scope_ref)
+        return head[0] if head else 0
+
+    def append_event(self, con: duckdb.DuckDBPyConnection, scope_ref: str, event: dict[str, Any],
+                     advance_projection: bool = False) -> dict[str, Any]:
         """Append one event at the scope's next cursor (inside the caller's transaction).
 
         The journal is dense and hash-chained per scope: a scope's cursors and counts
-        never reveal another scope's activity.
+        never reveal another scope's activity. ``advance_projection`` also moves the scope's
+        projection cursor to the new event (in the same statement).
         """
-        row = con.execute(
-            "SELECT high_water, last_event_hash FROM scopes WHERE scope_ref = ?", [scope_ref]
-        ).fetchone()
-        if row is None:
+        head = self._head(scope_ref)
+        if head is None:
             con.execute("INSERT INTO scopes VALUES (?, 0, ?, 0)", [scope_ref, ZERO_DIGEST])
-            high, previous = 0, ZERO_DIGEST
-        else:
-            high, previous = int(row[0]), row[1]
-        cursor = high + 1
-        body = {"schema_version": 1, **event, "cursor": str(cursor), "previous_event_hash": previous}
+            head = (0, ZERO_DIGEST)
+        cursor = head[0] + 1
+        body = {"schema_version": 1, **event, "cursor": str(cursor), "previous_event_hash": head[1]}
         body["event_hash"] = receipt_digest("memory-journal-event", body, "event_hash")
         con.execute(
             "INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?)",
             [scope_ref, cursor, body["event_id"], body["operation"], canonical_text(body), body["event_hash"]],
         )
-        con.execute(
-            "UPDATE scopes SET high_water = ?, last_event_hash = ? WHERE scope_ref = ?",
-            [cursor, body["event_hash"], scope_ref],
-        )
+        if advance_projection:
+            con.execute(
+                "UPDATE scopes SET high_water = ?, last_event_hash = ?, projection_cursor = ? WHERE scope_ref = ?",
+                [cursor, body["event_hash"], cursor, scope_ref],
+            )
+        else:
+            con.execute(
+                "UPDATE scopes SET high_water = ?, last_event_hash = ? WHERE scope_ref = ?",
+                [cursor, body["event_hash"], scope_ref],
+            )
+        self._heads[scope_ref] = (cursor, body["event_hash"])  # dropped if the transaction aborts
         return body
 
     def verify_journal(self, scope_ref: str) -> bool:

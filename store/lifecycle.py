@@ -90,6 +90,10 @@ class Lifecycle:
         self.keys = keys
         self.host_policy = policy
         self.admission_policy = DefaultAdmissionPolicy()
+        # Per scope: the earliest expires_at_ms of a live record (None: no record expires), so
+        # the expiry sweep every read runs costs a query only when something can be due. Only
+        # admissions add expiring records (they lower it); a stale-low value merely re-queries.
+        self._next_expiry: dict[str, int | None] = {}
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -223,7 +227,7 @@ class Lifecycle:
         row = self._candidate(ctx, cid)
         if row is None or row[0] == "withdrawn":
             raise EngramError("NOT_FOUND")
-        state, created_cursor, _recorded_at, key_ref, sealed, outcome, _pd = row
+        state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
         if state in ("accepted", "rejected"):
             # Decided earlier under another key: the same decision, marked as a duplicate.
             return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
@@ -232,8 +236,9 @@ class Lifecycle:
             raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
         env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
         payload, evidence = env["payload"], env["evidence"]
+        # pd was computed from this very payload at capture; the envelope is authenticated (GCM).
         record = self._build_record(
-            payload, payload_digest(payload), env["recorded_at"], int(created_cursor),
+            payload, pd, env["recorded_at"], int(created_cursor),
             env["authorization_receipt_digest"], env["trust"],
         )
         decision = self.admission_policy.decide(payload, evidence)
@@ -282,7 +287,8 @@ class Lifecycle:
             if accepted:
                 event_body["record_id"] = record["record_id"]
                 event_body["record_digest"] = record["record_digest"]
-            event = self.db.append_event(con, ctx.scope_ref, event_body)
+            # An acceptance also moves the projection cursor: the projections must show it.
+            event = self.db.append_event(con, ctx.scope_ref, event_body, advance_projection=accepted)
             cursor = int(event["cursor"])
             outcome_value: dict[str, Any] = {
                 "status": "accepted" if accepted else "rejected",
@@ -307,8 +313,11 @@ class Lifecycle:
                      from_instant(expires) if expires else None, rkey_ref,
                      seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
                 )
-                con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, ctx.scope_ref])
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
+                if expires and ctx.scope_ref in self._next_expiry:
+                    known = self._next_expiry[ctx.scope_ref]
+                    ms = from_instant(expires)
+                    self._next_expiry[ctx.scope_ref] = ms if known is None else min(known, ms)
             con.execute(
                 "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
                 ["accepted" if accepted else "rejected", canonical_text(outcome_value), cid],
@@ -421,6 +430,7 @@ class Lifecycle:
                     "authorization_receipt_digest": auth,
                     "reason_ref": args["reason_ref"],
                 },
+                advance_projection=True,
             )
             cursor = int(event["cursor"])
             con.execute(
@@ -428,7 +438,6 @@ class Lifecycle:
             )
             con.execute("DELETE FROM embeddings WHERE record_id = ?", [rid])
             con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)", [ctx.scope_ref, pd, rid, cursor])
-            con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, ctx.scope_ref])
             receipt = self._lifecycle_receipt(event, "tombstone", state, "tombstoned", auth, at)
             value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
             ledger.store(con, ctx, key, "forget", intent, value, at)
@@ -447,6 +456,10 @@ class Lifecycle:
 
     def expire_due(self, scope_ref: str, now: int) -> list[str]:
         """Append an expire event for each record past retention.expires_at (REFERENCE §7.4)."""
+        if scope_ref in self._next_expiry:
+            upcoming = self._next_expiry[scope_ref]
+            if upcoming is None or upcoming > now:
+                return []
         due = self.db.all(
             "SELECT record_id, state, record_digest, expires_at_ms FROM records WHERE scope_ref = ?"
             " AND state IN ('accepted_current', 'accepted_disputed', 'historical') AND expires_at_ms <= ?"
@@ -454,7 +467,14 @@ class Lifecycle:
             [scope_ref, now],
         )
         if not due:
+            row = self.db.one(
+                "SELECT min(expires_at_ms) FROM records WHERE scope_ref = ?"
+                " AND state IN ('accepted_current', 'accepted_disputed', 'historical')",
+                [scope_ref],
+            )
+            self._next_expiry[scope_ref] = None if row is None or row[0] is None else int(row[0])
             return []
+        self._next_expiry.pop(scope_ref, None)  # re-read after this sweep
         at = to_instant(now)
         with self.db.transaction() as con:
             cursor = 0

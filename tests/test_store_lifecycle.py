@@ -219,6 +219,21 @@ def test_expiry_moves_record_out(h: Harness) -> None:
     assert value["receipt"]["from_state"] == "expired"
 
 
+def test_expiry_sweep_sees_records_admitted_after_it_ran(h: Harness) -> None:
+    # The sweep remembers the next due time per scope; a later admission must lower it.
+    assert h.life.expire_due(ctx().scope_ref, T0) == []  # nothing expires: remembered
+    late = h.capture("Expires later.", retention={"derivative_rule": "make-ineligible",
+                                                  "expires_at": "2026-06-20T00:00:00.000Z"})
+    h.admit(late["candidate_id"])
+    soon = h.capture("Expires soon.", key="capture-key-000009",
+                     retention={"derivative_rule": "make-ineligible", "expires_at": "2026-05-29T00:00:00.000Z"})
+    rid = h.admit(soon["candidate_id"], key="admit-key-000009")["outcome"]["record_id"]
+    assert h.life.expire_due(ctx().scope_ref, T0) == []
+    assert h.life.expire_due(ctx().scope_ref, T0 + 86_400_000) == [rid]
+    assert h.life.expire_due(ctx().scope_ref, T0 + 86_400_000) == []
+    assert len(h.life.expire_due(ctx().scope_ref, T0 + 40 * 86_400_000)) == 1
+
+
 def test_journal_is_dense_and_chained(h: Harness) -> None:
     cap = h.capture("Chain one.")
     h.admit(cap["candidate_id"])
