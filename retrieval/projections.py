@@ -18,6 +18,8 @@ import numpy as np
 from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
 from retrieval.vectors import DEFAULT_HNSW_THRESHOLD, VectorIndex
 
+SAVE_MIN_ROWS = 256
+
 
 def scope_dirname(scope_ref: str) -> str:
     return hashlib.sha256(scope_ref.encode("utf-8")).hexdigest()[:32]
@@ -65,10 +67,17 @@ class Projections:
         index.set_cursor(str(cursor))
 
     def add_vectors(self, scope_ref: str, ids: list[str], vectors: np.ndarray, cursor: int) -> None:
+        """Index vectors at once; persist them in spread-out saves.
+
+        A save rewrites vectors.npy (and the HNSW graph): O(n), about a second at 100k rows, too
+        much for every admission. DuckDB holds every vector, so the files may lag: they are saved
+        once a twentieth of the index (at least SAVE_MIN_ROWS rows) is unsaved, at every purge and
+        at close; after a crash the next open re-adds the missing tail from DuckDB."""
         index = self.vectors(scope_ref)
         index.upsert(ids, vectors)
         index.set_cursor(str(cursor))
-        index.save()
+        if index.unsaved >= max(SAVE_MIN_ROWS, index.count() // 20):
+            index.save()
 
     def remove(self, scope_ref: str, record_ids: list[str], cursor: int) -> None:
         """Physically purge the records from both projections (delete + merge / rewrite)."""
@@ -105,6 +114,8 @@ class Projections:
 
     def close(self) -> None:
         with self._lock:
+            for vectors in self._vectors.values():
+                vectors.save()  # the unsaved tail (see add_vectors)
             for cache in (self._lexical, self._vectors):
                 for index in cache.values():
                     _close(index)

@@ -52,7 +52,5 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
         fused = fusion_fns.convex(channels, weights=dict(config.weights))
     else:
         raise ValueError(f"unknown fusion method {config.method}")
-    return [
-        RankedHit(rid, float(score), {n: p[rid] for n, p in sorted(positions.items()) if rid in p})
-        for rid, score in fused
-    ]
+    by_name = sorted(positions.items())
+    return [RankedHit(rid, float(score), {n: p[rid] for n, p in by_name if rid in p}) for rid, score in fused]

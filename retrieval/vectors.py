@@ -107,6 +107,7 @@ class VectorIndex:
         self._graph: hnswlib.Index | None = None
         self._cursor: str | None = None
         self._dirty = False
+        self._unsaved = 0  # rows upserted since the last save
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -164,6 +165,10 @@ class VectorIndex:
     def count(self) -> int:
         return self._n
 
+    @property
+    def unsaved(self) -> int:
+        return self._unsaved
+
     def contains(self, record_id: str) -> bool:
         return record_id in self._rows
 
@@ -217,6 +222,7 @@ class VectorIndex:
             elif self._n >= self._threshold:
                 self._build_graph()
             self._dirty = True
+            self._unsaved += len(order)
 
     def delete(self, ids: Sequence[str]) -> None:
         """Remove vectors from memory and rebuild the graph without them; ``save()`` purges files."""
@@ -285,6 +291,7 @@ class VectorIndex:
             }
             write_json(self._path / STATE, state)
             self._dirty = False
+            self._unsaved = 0
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from models.canonical import canonical_bytes
@@ -80,6 +81,7 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path) -> None:
     try:
         stored = engine._stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
+        engine.projections.vectors(ctx().scope_ref).save()  # saves are batched: put the bytes on disk
         files = [p for p in (tmp_path / "f" / "projections").rglob("*") if p.is_file()]
         assert any(vec in p.read_bytes() for p in files)
         out = engine.forget(ctx(), forget_args(ids[2]))
@@ -93,6 +95,24 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path) -> None:
         if p.is_file():
             data = p.read_bytes()
             assert vec not in data and b"PostgreSQL" not in data and b"postgresql" not in data, p.name
+
+
+def test_vectors_lost_in_a_crash_are_re_added_from_duckdb(tmp_path: Path) -> None:
+    engine, ids = build(tmp_path / "c")
+    query = {"capability_policy": HYBRID}
+    before = canonical_bytes(search(engine, "feline resting", **query))
+    index = engine.projections.vectors(ctx().scope_ref)
+    assert index.count() == len(DOCS) and index.unsaved == len(DOCS)  # five rows: below the save batch
+    engine.projections._vectors.clear()  # a crash: the unsaved rows never reach the files
+    engine.close()
+    saved = [np.load(f).shape[0] for f in (tmp_path / "c" / "projections").rglob("vectors.npy")]
+    assert all(rows < len(DOCS) for rows in saved)  # the files lag DuckDB
+    engine = open_engine(tmp_path / "c")
+    try:
+        assert engine.projections.vectors(ctx().scope_ref).count() == len(DOCS)
+        assert canonical_bytes(search(engine, "feline resting", **query)) == before
+    finally:
+        engine.close()
 
 
 def test_missing_model_is_ranking_unavailable_never_empty_success(tmp_path: Path) -> None:
