@@ -122,7 +122,22 @@ def machine() -> dict[str, Any]:
         except PackageNotFoundError:
             versions[pkg] = None
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": ram_gib, "os": platform.platform(),
-            "python": platform.python_version(), "packages": versions}
+            "python": platform.python_version(), "packages": versions, "commit": _commit()}
+
+
+def _commit() -> str | None:
+    """The engine commit measured (a checkout with uncommitted edits is marked "+dirty")."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev + ("+dirty" if dirty else "") if rev else None
 
 
 def peak_rss_mib() -> float:
@@ -378,6 +393,7 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, Python {m['python']}.",
         "Packages: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v) + ".",
+        f"Engine commit: {m.get('commit') or 'unknown'}.",
         f"Records: {r['config']['dataset']}; {r['config']['queries']} queries per cell, search limit "
         f"{r['config']['limit']}, real search path (validation, packets, receipts); "
         f"torch threads {r['config'].get('torch_threads')}.",
