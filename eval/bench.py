@@ -191,6 +191,16 @@ class Grower:
         self.ctx = host_context(BENCH_DATASET)
         self.by_record: dict[str, str] = {}
 
+    def adopt(self) -> None:
+        """Continue a store an earlier bench grew: skip the texts it holds, remember its records."""
+        rows = self.engine.db.all("SELECT count(*) FROM candidates WHERE scope_ref = ?", [self.ctx.scope_ref])
+        count = int(rows[0][0])
+        for rid, record in ((r["record_id"], r) for r in self.engine._live_records(self.ctx.scope_ref)):
+            self.by_record[rid] = "\n".join(c["text"] for c in record["components"])
+        for _ in range(count):
+            next(self.texts)
+        self.n = count
+
     def _one(self, timings: tuple[list[float], list[float]] | None = None) -> None:
         text = next(self.texts)
         doc = Doc(f"r{self.n:07d}", "", text)
@@ -259,13 +269,18 @@ def run_bench(
     store_dir: Path | None = None,
     progress: bool = True,
     threads: int | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
+    """``resume`` keeps a store an earlier bench grew (same ``out`` or ``store_dir``) and grows it
+    on, so a new engine build is measured at 100k without an hour of re-ingest; sizes the store
+    already has report no bulk-ingest figure."""
     torch_threads = set_torch_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = Path(store_dir) if store_dir else out / "bench-store"
-    shutil.rmtree(store, ignore_errors=True)  # the bench measures ingest: always a fresh store
-    store.mkdir(parents=True)
+    if not resume:
+        shutil.rmtree(store, ignore_errors=True)  # the bench measures ingest: a fresh store
+    store.mkdir(parents=True, exist_ok=True)
     peer_ok = None
     if peer == "lancedb":
         from eval import peer_lancedb
@@ -285,13 +300,16 @@ def run_bench(
         with open_engine(store, "hybrid") as engine:
             if grower is None:
                 grower = Grower(engine, texts)
+                if resume:
+                    grower.adopt()
                 result["model"] = {"model_id": engine.embedder.model_id,
                                    "model_digest": engine.embedder.model_digest}
             grower.engine = engine
             before = grower.n
             grow_s = grower.grow_to(size, chunk, progress)
-            row["bulk_ingest"] = {"records": size - before, "seconds": grow_s,
-                                  "records_per_s": (size - before) / grow_s if grow_s else None}
+            grown = max(0, size - before)
+            row["bulk_ingest"] = {"records": grown, "seconds": grow_s,
+                                  "records_per_s": grown / grow_s if grown and grow_s else None}
             cap, adm = grower.single_ops(ops_sample)
             row["capture"] = _ops(cap)
             row["admission"] = _ops(adm)  # includes the per-admission projection update

@@ -81,6 +81,8 @@ def bench_cmd(
     peer: Annotated[str | None, Opt("--peer", help="Also bench a peer: lancedb.")] = None,
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
     threads: Annotated[int | None, Opt("--threads", min=1, help="torch intra-op threads (default: torch's).")] = None,
+    resume: Annotated[bool, Opt("--resume", help="Keep OUT/bench-store from an earlier run and grow it on "
+                                "(measure a new build at 100k without re-ingesting).")] = False,
 ) -> None:
     """Latency, throughput, rebuild time and memory of the real engine at several store sizes."""
     from eval.bench import run_bench
@@ -94,5 +96,5 @@ def bench_cmd(
     if peer not in (None, "lancedb"):
         raise typer.BadParameter("--peer supports: lancedb")
     run_bench(out, size_list, dataset=dataset, n_queries=queries, ops_sample=ops_sample, peer=peer,
-              progress=progress, threads=threads)
+              progress=progress, threads=threads, resume=resume)
     sys.stderr.write(f"wrote {Path(out) / 'bench.json'} and bench.md\n")

@@ -110,3 +110,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
     assert b["machine"]["cores"] and b["machine"]["python"]
     assert "| 150 |" in (out / "bench.md").read_text()
+    # --resume grows the same store on: the 155 records stay, no text is captured twice
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150,170", "--queries", "5",
+                                         "--ops-sample", "2", "--threads", "1", "--no-progress", "--resume"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    b = json.loads((out / "bench.json").read_text())
+    assert b["sizes"]["150"]["bulk_ingest"]["records"] == 0 and b["sizes"]["150"]["records"] == 157
+    assert b["sizes"]["170"]["bulk_ingest"]["records"] == 13 and b["sizes"]["170"]["records"] == 172
+    assert b["sizes"]["170"]["rebuild"]["records"] == 172
