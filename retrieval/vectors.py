@@ -10,8 +10,11 @@
   depend on BLAS kernels, threads, row order or graph layout.
 * The graph is built single-threaded with a fixed seed from rows sorted by id, so a rebuild is
   bit-reproducible. Incremental upserts insert into the existing graph (deterministic for the
-  same operation sequence, but not identical to a rebuild); every delete rebuilds it.
-* Purge: a delete removes the row and rebuilds the graph (never ``mark_deleted``), and ``save()``
+  same operation sequence, but not identical to a rebuild).
+* Purge: in exact mode a delete removes the row. In HNSW mode rebuilding the graph costs ~24 s at
+  50k rows, so a delete overwrites the point in place instead -- its row and its graph data are
+  zeroed (hnswlib updates the existing label), the label is marked deleted, its id blanked -- and
+  the graph is rebuilt only once a tenth of the rows are such holes. Either way ``save()``
   replaces every file, so afterwards no file in the directory holds the deleted vector's bytes.
 """
 
@@ -39,9 +42,11 @@ STATE_FORMAT = 1
 HNSWLIB_VERSION = version("hnswlib")
 # Measured on the 2-vCPU box, 384-d clustered unit vectors: exact search costs ~0.55 ms at 10k,
 # ~1.2 ms at 20k and ~7 ms at 50k (the query embedding itself costs ~29 ms); HNSW answers in
-# 0.3-0.6 ms but every delete rebuilds it single-threaded: ~3 s at 10k, ~7 s at 20k, ~24 s at 50k.
-# Exact up to 50k keeps forgets instant and recall exact where the latency is still negligible.
+# 0.3-0.6 ms but a full single-threaded build takes ~3 s at 10k, ~7 s at 20k, ~24 s at 50k (so a
+# delete punches a hole in place instead, see the module doc). Exact up to 50k keeps recall exact
+# and rebuilds byte-identical where the latency is still negligible.
 DEFAULT_HNSW_THRESHOLD = 50_000
+HOLE_FRACTION = 10  # HNSW mode: rebuild the graph once more than 1/10 of its rows are purged holes
 # float32 dot products of unit vectors in 384-d differ from the exact value by < 3e-5; any
 # candidate within this margin of the k-th float32 score is rescored canonically.
 _EXACT_MARGIN = 1e-4
@@ -103,7 +108,8 @@ class VectorIndex:
         self._mat = np.zeros((0, dim), dtype=np.float32)  # capacity rows; the first _n are live
         self._n = 0
         self._ids: list[str] = []
-        self._rows: dict[str, int] = {}
+        self._rows: dict[str, int] = {}  # live ids only
+        self._holes: set[int] = set()  # purged rows kept as graph labels (HNSW mode), id ""
         self._graph: hnswlib.Index | None = None
         self._cursor: str | None = None
         self._dirty = False
@@ -163,7 +169,8 @@ class VectorIndex:
             self._dirty = True
 
     def count(self) -> int:
-        return self._n
+        """Live vectors (purged holes not counted)."""
+        return self._n - len(self._holes)
 
     @property
     def unsaved(self) -> int:
@@ -181,7 +188,7 @@ class VectorIndex:
             "metric": "cosine",
             "dim": self._dim,
             "hnsw": self._params(),
-            "count": self._n,
+            "count": self.count(),
             "cursor": self._cursor,
         }
 
@@ -225,25 +232,41 @@ class VectorIndex:
             self._unsaved += len(order)
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Remove vectors from memory and rebuild the graph without them; ``save()`` purges files."""
+        """Remove vectors from memory (see the module doc for HNSW mode); ``save()`` purges files."""
         if isinstance(ids, str):
             raise TypeError("delete takes a sequence of ids, not a string")
         with self._lock:
             doomed = {rid for rid in ids if rid in self._rows}
             if not doomed:
                 return
-            keep = [row for row, rid in enumerate(self._ids) if rid not in doomed]
-            self._set_rows([self._ids[r] for r in keep], self._mat[keep].copy())
-            self._graph = None
-            if self._n >= self._threshold:
-                self._build_graph()
+            if self._graph is not None and len(self._holes) + len(doomed) <= self._n // HOLE_FRACTION:
+                self._punch_holes(sorted(self._rows[rid] for rid in doomed))
+            else:
+                keep = [row for row, rid in enumerate(self._ids) if rid and rid not in doomed]
+                self._set_rows([self._ids[r] for r in keep], self._mat[keep].copy())
+                self._graph = None
+                if self._n >= self._threshold:
+                    self._build_graph()
             self._dirty = True
+
+    def _punch_holes(self, rows: list[int]) -> None:
+        assert self._graph is not None
+        labels = np.asarray(rows, dtype=np.int64)
+        self._mat[labels] = 0.0
+        # add_items on an existing label overwrites its stored vector (and repairs its links);
+        # mark_deleted alone would leave the bytes in the graph.
+        self._graph.add_items(self._mat[labels], labels, num_threads=1)
+        for row in rows:
+            self._graph.mark_deleted(row)
+            del self._rows[self._ids[row]]
+            self._ids[row] = ""
+            self._holes.add(row)
 
     def rebuild(self) -> None:
         """Canonical state: rows sorted by id, graph (if any) rebuilt from scratch."""
         with self._lock:
             self._graph = None
-            if self._n >= self._threshold:
+            if self.count() >= self._threshold:
                 self._build_graph()
             else:
                 self._sort_rows()
@@ -302,9 +325,10 @@ class VectorIndex:
             raise VectorIndexError(f"query vector must have {self._dim} dimensions")
         q = normalize_rows(q[None, :])[0]
         with self._lock:
-            if self._n == 0:
+            live = self.count()
+            if live == 0:
                 return []
-            k = max(1, min(int(k), self._n))
+            k = max(1, min(int(k), live))
             rows = self._graph_candidates(q, k) if self._graph is not None else None
             if rows is None:
                 rows = self._exact_candidates(q, k)
@@ -318,14 +342,17 @@ class VectorIndex:
         # numpy's own loop, not BLAS: OpenBLAS's 2-thread gemv costs a flat ~8 ms whenever the
         # other core is busy (thread hand-off), while this stays ~0.55 ms per 10k rows.
         approx = np.einsum("ij,j->i", self._mat[: self._n], q)
-        if k >= self._n:
-            return np.arange(self._n)
+        if self._holes:
+            approx[list(self._holes)] = -np.inf  # purged rows never rank
+        live = self.count()
+        if k >= live:
+            return np.flatnonzero(approx > -np.inf) if self._holes else np.arange(self._n)
         kth = np.partition(approx, self._n - k)[self._n - k]
         return np.flatnonzero(approx >= kth - _EXACT_MARGIN)
 
     def _graph_candidates(self, q: np.ndarray, k: int) -> np.ndarray | None:
         assert self._graph is not None
-        want = min(self._n, max(k, self._ef_search))
+        want = min(self.count(), max(k, self._ef_search))
         self._graph.set_ef(max(self._ef_search, want))
         try:
             labels, _ = self._graph.knn_query(q[None, :], k=want, num_threads=1)
@@ -351,12 +378,14 @@ class VectorIndex:
 
     def _set_rows(self, ids: list[str], mat: np.ndarray) -> None:
         self._ids = ids
-        self._rows = {rid: row for row, rid in enumerate(ids)}
+        self._rows = {rid: row for row, rid in enumerate(ids) if rid}
+        self._holes = {row for row, rid in enumerate(ids) if not rid}
         self._mat = np.ascontiguousarray(mat, dtype=np.float32)
         self._n = len(ids)
 
     def _sort_rows(self) -> None:
-        order = sorted(range(self._n), key=self._ids.__getitem__)
+        """Live rows sorted by id (holes dropped): the canonical layout."""
+        order = sorted((r for r in range(self._n) if self._ids[r]), key=self._ids.__getitem__)
         self._set_rows([self._ids[r] for r in order], self._mat[order].copy())
 
     def _build_graph(self) -> None:
@@ -396,15 +425,19 @@ class VectorIndex:
                     raise VectorIndexError(f"{name} does not match state.json")
             mat = np.load(self._path / VECTORS, allow_pickle=False)
             ids = json.loads((self._path / IDS).read_bytes().decode("utf-8"))
-            if mat.dtype != np.float32 or mat.shape != (len(ids), self._dim) or len(set(ids)) != len(ids):
+            live_ids = [i for i in ids if i]
+            if mat.dtype != np.float32 or mat.shape != (len(ids), self._dim) or len(set(live_ids)) != len(live_ids):
                 raise VectorIndexError("vectors and ids disagree")
         except (OSError, ValueError, KeyError, TypeError, VectorIndexError) as exc:
             self._discard(str(exc))
             return
         self._set_rows(list(ids), mat)
         self._cursor = state.get("cursor")
-        if self._n >= self._threshold:
+        if self._n >= self._threshold:  # rows, holes included: the saved graph has one label each
             self._load_graph(state)
+        elif self._holes:
+            self._sort_rows()  # holes only exist beside a graph; exact mode drops them
+            self._dirty = True
 
     def _load_graph(self, state: dict) -> None:
         graph_file = self._path / GRAPH

@@ -37,8 +37,8 @@ def open_engine(path: Path, **kw) -> Engine:
     return engine
 
 
-def build(path: Path) -> tuple[Engine, list[str]]:
-    engine = open_engine(path)
+def build(path: Path, **kw) -> tuple[Engine, list[str]]:
+    engine = open_engine(path, **kw)
     ids = []
     for i, text in enumerate(DOCS):
         cap = engine.capture(ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
@@ -76,8 +76,11 @@ def test_semantic_finds_records_sharing_no_word(built) -> None:
     assert all("semantic" in r for r in receipt["ranked"])
 
 
-def test_forget_purges_vector_and_embedding(tmp_path: Path) -> None:
-    engine, ids = build(tmp_path / "f")
+@pytest.mark.parametrize("hnsw_threshold", [50_000, 3], ids=["exact", "hnsw"])
+def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int) -> None:
+    engine, ids = build(tmp_path / "f", hnsw_threshold=hnsw_threshold)
+    kind = "exact" if hnsw_threshold > len(DOCS) else "hnsw"
+    assert engine.projections.vectors(ctx().scope_ref).kind == kind
     try:
         stored = engine._stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()

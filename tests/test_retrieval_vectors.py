@@ -271,3 +271,38 @@ def test_graph_reuse_and_rebuild_on_reopen(tmp_path: Path) -> None:
     other.save()
     assert (path / GRAPH).read_bytes() != graph_bytes
     assert other.describe()["hnsw"]["M"] == 8 and other.describe()["kind"] == "hnsw"
+
+
+def test_hnsw_delete_punches_a_hole_in_place_and_purges(tmp_path: Path) -> None:
+    # HNSW mode: a forget must not rebuild the graph (~24 s at 50k) -- the point is zeroed and
+    # marked deleted in place -- and still no file keeps the vector's bytes.
+    path = tmp_path / "v"
+    x, ids = clustered(100, seed=8), ids_for(100)
+    ix = open_index(path, 50)
+    ix.upsert(ids, x)
+    ix.save()
+    graph = ix._graph
+    needles = [normalize_rows(x[21:22])[0].tobytes(), normalize_rows(x[22:23])[0].tobytes()]
+    assert files_containing(path, needles[:1])
+    ix.delete([ids[21], ids[22]])
+    assert ix._graph is graph and ix.kind == "hnsw"  # no rebuild
+    assert ix.count() == 98 and not ix.contains(ids[21])
+    for q in (x[21], x[22], x[0]):
+        got = ix.search(q, 98)
+        assert len(got) == 98 and {ids[21], ids[22]}.isdisjoint(r for r, _ in got)
+    assert [r for r, _ in ix.search(x[40], 5)] == brute_force(np.delete(x, [21, 22], 0),
+                                                                ids[:21] + ids[23:], x[40], 5)
+    ix.save()
+    assert files_containing(path, needles) == {}
+    assert ids[21].encode() not in (path / "ids.json").read_bytes()
+    reopened = open_index(path, 50)
+    assert reopened.kind == "hnsw" and reopened.count() == 98 and not reopened.contains(ids[22])
+    assert reopened.search(x[0], 98) == ix.search(x[0], 98)
+    exact = open_index(path, 10**6)  # threshold raised: exact mode drops the holes
+    assert exact.kind == "exact" and exact.count() == 98
+    assert exact.search(x[5], 10) == reopened.search(x[5], 10)
+    # past a tenth of the rows in holes, the graph is rebuilt canonically without them
+    reopened.delete(ids[30:40])
+    assert reopened._graph is not None and reopened.count() == 88 and not reopened._holes
+    reopened.upsert([ids[21]], x[21:22])  # a purged id may come back as a new row
+    assert reopened.search(x[21], 1)[0][0] == ids[21]
