@@ -195,8 +195,10 @@ class Grower:
         """Continue a store an earlier bench grew: skip the texts it holds, remember its records."""
         rows = self.engine.db.all("SELECT count(*) FROM candidates WHERE scope_ref = ?", [self.ctx.scope_ref])
         count = int(rows[0][0])
-        for rid, record in ((r["record_id"], r) for r in self.engine._live_records(self.ctx.scope_ref)):
-            self.by_record[rid] = "\n".join(c["text"] for c in record["components"])
+        from store.engine import embedding_text
+
+        for record in self.engine._live_records(self.ctx.scope_ref):
+            self.by_record[record["record_id"]] = embedding_text(record)
         for _ in range(count):
             next(self.texts)
         self.n = count

@@ -35,8 +35,7 @@ def _expire(engine: Engine, scope_ref: str, now: int) -> None:
 
 
 def _projection_cursor(engine: Engine, scope_ref: str) -> int:
-    row = engine.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
-    return int(row[0]) if row else 0
+    return engine.db.projection_cursor(scope_ref)
 
 
 def _eligible(engine: Engine, scope_ref: str, ids: list[str], valid_as_of: int, now: int) -> set[str]:

@@ -88,6 +88,11 @@ class Database:
             head = self._heads[scope_ref] = (int(row[0]), row[1])
         return head
 
+    def projection_cursor(self, scope_ref: str) -> int:
+        """The journal cursor the scope's projections must reflect (0 for an unknown scope)."""
+        row = self.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
+        return int(row[0]) if row else 0
+
     def high_water(self, scope_ref: str) -> int:
         head = self._head(scope_ref)
         return head[0] if head else 0

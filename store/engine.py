@@ -163,8 +163,8 @@ class Engine:
         with self.lock:
             records = self._live_records(scope_ref)
             docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
-            cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
-            self.projections.rebuild(scope_ref, docs, self._stored_vectors(scope_ref), int(cursor[0]) if cursor else 0)
+            self.projections.rebuild(scope_ref, docs, self._stored_vectors(scope_ref),
+                                     self.db.projection_cursor(scope_ref))
 
     def scopes(self) -> list[str]:
         return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
@@ -255,8 +255,7 @@ class Engine:
                 with self.lock:
                     if self._closed:
                         return
-                    cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
-                    self._embed_and_store(scope_ref, records, int(cursor[0]), vectors)
+                    self._embed_and_store(scope_ref, records, self.db.projection_cursor(scope_ref), vectors)
         except Exception:  # noqa: BLE001 - a background failure leaves the semantic channel unavailable
             log.exception("semantic backfill failed; the semantic channel stays off")
 
@@ -282,8 +281,8 @@ class Engine:
         if index.count() != len(ids) - len(missing):
             self.rebuild_scope(scope_ref)
             return
-        cursor = self.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
-        self.projections.add_vectors(scope_ref, [ids[i] for i in missing], mat[missing], int(cursor[0]))
+        self.projections.add_vectors(scope_ref, [ids[i] for i in missing], mat[missing],
+                                     self.db.projection_cursor(scope_ref))
         index.save()
 
     def semantic_ready(self) -> bool:

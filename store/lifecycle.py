@@ -31,6 +31,7 @@ from store.timeutil import from_instant, to_instant
 
 AUTHZ_POLICY_VERSION = "engram-memory:launch-bound:v1"
 ASSERTED_VERIFIER = "graphify-memory:asserted"
+EXPIRABLE_STATES_SQL = "state IN ('accepted_current', 'accepted_disputed', 'historical')"
 NON_TERMINAL_RECORD_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
 
 
@@ -462,14 +463,13 @@ class Lifecycle:
                 return []
         due = self.db.all(
             "SELECT record_id, state, record_digest, expires_at_ms FROM records WHERE scope_ref = ?"
-            " AND state IN ('accepted_current', 'accepted_disputed', 'historical') AND expires_at_ms <= ?"
+            f" AND {EXPIRABLE_STATES_SQL} AND expires_at_ms <= ?"
             " ORDER BY record_id",
             [scope_ref, now],
         )
         if not due:
             row = self.db.one(
-                "SELECT min(expires_at_ms) FROM records WHERE scope_ref = ?"
-                " AND state IN ('accepted_current', 'accepted_disputed', 'historical')",
+                f"SELECT min(expires_at_ms) FROM records WHERE scope_ref = ? AND {EXPIRABLE_STATES_SQL}",
                 [scope_ref],
             )
             self._next_expiry[scope_ref] = None if row is None or row[0] is None else int(row[0])

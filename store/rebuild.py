@@ -90,8 +90,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
                 records = engine._live_records(scope)
                 vectors = engine._stored_vectors(scope)
                 docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
-                row = engine.db.one("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope])
-                cursor = int(row[0]) if row else 0
+                cursor = engine.db.projection_cursor(scope)
                 report = ScopeReport(engine.projections.scope_dir(scope).name, len(records),
                                      len(vectors[0]) if vectors else 0)
                 if verify:

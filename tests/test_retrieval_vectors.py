@@ -189,12 +189,18 @@ def test_delete_purges_vector_bytes_from_every_file(tmp_path: Path, threshold: i
     assert reopened.count() == 59 and not reopened.contains(ids[13])
 
 
-def test_replacing_a_vector_purges_the_old_bytes(tmp_path: Path) -> None:
+def saved_index(tmp_path: Path, n: int, seed: int, threshold: int):
+    """An index of ``n`` clustered vectors, saved once: the purge tests' starting point."""
     path = tmp_path / "v"
-    x, ids = clustered(40, seed=5), ids_for(40)
-    ix = open_index(path, 20)
+    x, ids = clustered(n, seed=seed), ids_for(n)
+    ix = open_index(path, threshold)
     ix.upsert(ids, x)
     ix.save()
+    return path, x, ids, ix
+
+
+def test_replacing_a_vector_purges_the_old_bytes(tmp_path: Path) -> None:
+    path, x, ids, ix = saved_index(tmp_path, 40, seed=5, threshold=20)
     old = normalize_rows(x[3:4])[0].tobytes()
     ix.upsert([ids[3]], x[4:5] + 1.0)  # in-place update of the hnsw point
     ix.save()
@@ -276,11 +282,7 @@ def test_graph_reuse_and_rebuild_on_reopen(tmp_path: Path) -> None:
 def test_hnsw_delete_punches_a_hole_in_place_and_purges(tmp_path: Path) -> None:
     # HNSW mode: a forget must not rebuild the graph (~24 s at 50k) -- the point is zeroed and
     # marked deleted in place -- and still no file keeps the vector's bytes.
-    path = tmp_path / "v"
-    x, ids = clustered(100, seed=8), ids_for(100)
-    ix = open_index(path, 50)
-    ix.upsert(ids, x)
-    ix.save()
+    path, x, ids, ix = saved_index(tmp_path, 100, seed=8, threshold=50)
     graph = ix._graph
     needles = [normalize_rows(x[21:22])[0].tobytes(), normalize_rows(x[22:23])[0].tobytes()]
     assert files_containing(path, needles[:1])
