@@ -30,6 +30,7 @@ from tests.conftest import (
     search_args,
     serve_argv,
 )
+from tests.retrieval_fixtures import disk_files
 
 pytestmark = pytest.mark.anyio
 
@@ -86,7 +87,7 @@ def value_bytes(envelope: dict[str, Any], fields: tuple[str, ...] = ("records", 
 
 def files_containing(root: Path, needle: bytes) -> list[str]:
     assert root.is_dir(), root
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes())
+    return [str(p.relative_to(root)) for p, data in disk_files(root) if needle in data]
 
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:

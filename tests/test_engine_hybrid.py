@@ -18,6 +18,7 @@ from models.outputs import validate_output
 from retrieval.vectors import normalize_rows
 from store.engine import Engine, EngineConfig
 from store.rebuild import rebuild_index
+from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
 
 DOCS = [
@@ -85,8 +86,7 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int)
         stored = engine._stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
         engine.projections.vectors(ctx().scope_ref).save()  # saves are batched: put the bytes on disk
-        files = [p for p in (tmp_path / "f" / "projections").rglob("*") if p.is_file()]
-        assert any(vec in p.read_bytes() for p in files)
+        assert any(vec in data for _, data in disk_files(tmp_path / "f" / "projections"))
         out = engine.forget(ctx(), forget_args(ids[2]))
         assert out["projection_invalidation"] == "complete"
         assert engine.db.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [ids[2]])[0] == 0
@@ -94,10 +94,8 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int)
         assert ids[2] not in {p["record"]["record_id"] for p in hits}
     finally:
         engine.close()
-    for p in (tmp_path / "f" / "projections").rglob("*"):
-        if p.is_file():
-            data = p.read_bytes()
-            assert vec not in data and b"PostgreSQL" not in data and b"postgresql" not in data, p.name
+    for p, data in disk_files(tmp_path / "f" / "projections"):
+        assert vec not in data and b"PostgreSQL" not in data and b"postgresql" not in data, p.name
 
 
 def test_vectors_lost_in_a_crash_are_re_added_from_duckdb(tmp_path: Path) -> None:

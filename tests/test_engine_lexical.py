@@ -13,6 +13,7 @@ from models.errors import EngramError
 from models.outputs import validate_output
 from store.engine import Engine, EngineConfig
 from store.rebuild import rebuild_index
+from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
 
 DOCS = [
@@ -172,7 +173,7 @@ def test_visibility_window_and_expiry(engine: Engine) -> None:
 
 
 def _projection_bytes(path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in (path / "projections").rglob("*") if p.is_file())
+    return b"".join(data for _, data in disk_files(path / "projections"))
 
 
 def test_forget_purges_lexical_projection(tmp_path: Path) -> None:
