@@ -4,12 +4,14 @@
 the lexical and semantic hit lists exactly as ``search()`` gets them (depth ``CHANNEL_DEPTH``
 from the store's projections; every record of an eval store is eligible), then scores
 ``retrieval.fusion`` functions on them at several depths, plus two DBSF variants that are not
-in the engine (no upper clip; statistics over the top 100). This is *not* the eval path --
-``eval``/``tune`` score the real search path -- it only isolates the fusion function.
+in the engine (normalised scores clipped to [0, 1]; statistics over the top 100). This is *not*
+the eval path -- ``eval``/``tune`` score the real search path -- it only isolates the fusion
+function.
 
-Found with it: the engine's DBSF clips normalised scores at 1.0, and over 1000-deep lists
-(mean and sigma dominated by the tail) the head of both channels clips, so about half of the
-fused top 10 ties at the maximum and is ordered by record id.
+Found with it: DBSF that clips normalised scores at 1.0 (the engine's first version) fails over
+1000-deep lists: mean and sigma are dominated by the tail, the head of both channels clips, so
+about half of the fused top 10 ties at the maximum and is ordered by record id. The engine now
+leaves the scores unclipped, as Qdrant does.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ Ranked = list[tuple[str, float]]
 
 
 def dbsf_variant(channels: dict[str, Ranked], stat_depth: int, clip_top: bool) -> Ranked:
-    """DBSF with mean/sigma over the top ``stat_depth`` hits, optionally without the 1.0 clip."""
+    """Clipped DBSF: mean/sigma over the top ``stat_depth`` hits, clipped at 0 (and at 1.0)."""
     fused: dict[str, float] = {}
     for name in sorted(channels):
         hits = channels[name]
@@ -72,8 +74,9 @@ def main(
         "rrf k=60": lambda ch: fusion.rrf(ch, k=60),
         "dbsf (engine)": lambda ch: fusion.dbsf(ch),
         "convex 0.5/0.5": lambda ch: fusion.convex(ch, {"lexical": 0.5, "semantic": 0.5}),
-        "dbsf no top clip": lambda ch: dbsf_variant(ch, CHANNEL_DEPTH, clip_top=False),
-        "dbsf stats@100": lambda ch: dbsf_variant(ch, 100, clip_top=True),
+        "dbsf clipped [0, 1]": lambda ch: dbsf_variant(ch, CHANNEL_DEPTH, clip_top=True),
+        "dbsf clipped at 0 only": lambda ch: dbsf_variant(ch, CHANNEL_DEPTH, clip_top=False),
+        "dbsf clipped, stats@100": lambda ch: dbsf_variant(ch, 100, clip_top=True),
     }
     print(f"| variant | {' | '.join(f'depth {d}' for d in (CHANNEL_DEPTH, 200, 100))} |")
     print("|---|---:|---:|---:|")
