@@ -34,8 +34,8 @@ from eval.ingest import host_context, open_engine, set_torch_threads  # noqa: E4
 Ranked = list[tuple[str, float]]
 
 
-def dbsf_variant(channels: dict[str, Ranked], stat_depth: int, clip_top: bool) -> Ranked:
-    """Clipped DBSF: mean/sigma over the top ``stat_depth`` hits, clipped at 0 (and at 1.0)."""
+def clipped_dbsf(channels: dict[str, Ranked], stat_depth: int) -> Ranked:
+    """The engine's first DBSF: mean/sigma over the top ``stat_depth`` hits, clipped to [0, 1]."""
     fused: dict[str, float] = {}
     for name in sorted(channels):
         hits = channels[name]
@@ -45,8 +45,8 @@ def dbsf_variant(channels: dict[str, Ranked], stat_depth: int, clip_top: bool) -
         mu = math.fsum(sc) / len(sc)
         sd = math.sqrt(math.fsum((s - mu) ** 2 for s in sc) / len(sc))
         for rid, s in hits:
-            n = 0.5 if sd == 0 else max(0.0, (s - (mu - 3 * sd)) / (6 * sd))
-            fused[rid] = fused.get(rid, 0.0) + (min(1.0, n) if clip_top else n)
+            n = 0.5 if sd == 0 else min(1.0, max(0.0, (s - (mu - 3 * sd)) / (6 * sd)))
+            fused[rid] = fused.get(rid, 0.0) + n
     return sorted(fused.items(), key=lambda x: (-x[1], x[0]))
 
 
@@ -74,9 +74,8 @@ def main(
         "rrf k=60": lambda ch: fusion.rrf(ch, k=60),
         "dbsf (engine)": lambda ch: fusion.dbsf(ch),
         "convex 0.5/0.5": lambda ch: fusion.convex(ch, {"lexical": 0.5, "semantic": 0.5}),
-        "dbsf clipped [0, 1]": lambda ch: dbsf_variant(ch, CHANNEL_DEPTH, clip_top=True),
-        "dbsf clipped at 0 only": lambda ch: dbsf_variant(ch, CHANNEL_DEPTH, clip_top=False),
-        "dbsf clipped, stats@100": lambda ch: dbsf_variant(ch, 100, clip_top=True),
+        "dbsf clipped [0, 1]": lambda ch: clipped_dbsf(ch, CHANNEL_DEPTH),
+        "dbsf clipped, stats@100": lambda ch: clipped_dbsf(ch, 100),
     }
     print(f"| variant | {' | '.join(f'depth {d}' for d in (CHANNEL_DEPTH, 200, 100))} |")
     print("|---|---:|---:|---:|")

@@ -44,6 +44,7 @@ GRID: tuple[tuple[str, str, int | None, tuple[float, float] | None], ...] = (
     ("convex 0.7/0.3", "convex", None, (0.7, 0.3)),
 )
 
+
 def _shipped_label() -> str:
     """The grid row that is ``EngineConfig``'s default: a challenger must beat it significantly."""
     from dataclasses import fields
@@ -118,11 +119,10 @@ def choose(per: dict[str, dict[str, Any]], alpha: float = 0.05) -> dict[str, Any
                      "margins": margins, "beats_both_everywhere": all(m > 0 for m in margins.values()),
                      "significantly_better_than_default": sig["better"],
                      "significantly_worse_than_default": sig["worse"]})
-    by_label = {r["config"]: r for r in rows}
-    default = by_label[SHIPPED]
-    challengers = [r for r in rows if r["beats_both_everywhere"] and r["mean_ndcg@10"] > default["mean_ndcg@10"]
-                   and r["significantly_better_than_default"] and not r["significantly_worse_than_default"]]
+    default = next(r for r in rows if r["config"] == SHIPPED)
     robust = [r for r in rows if r["beats_both_everywhere"]]
+    challengers = [r for r in robust if r["mean_ndcg@10"] > default["mean_ndcg@10"]
+                   and r["significantly_better_than_default"] and not r["significantly_worse_than_default"]]
     if challengers:
         best = max(challengers, key=lambda r: (r["mean_ndcg@10"], r["worst_margin"]))
     elif default["beats_both_everywhere"]:

@@ -80,8 +80,8 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None) -> Rank
             continue
         scores = [float(s) for _rid, s in hits]
         mean = math.fsum(scores) / len(scores)
-        var = math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1) if len(scores) > 1 else 0.0
-        low, span = mean - 3.0 * math.sqrt(var), 6.0 * math.sqrt(var)
+        sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
+        low, span = mean - 3.0 * sigma, 6.0 * sigma
         for rid, s in hits:
             norm = 0.5 if span == 0.0 else (float(s) - low) / span
             fused[rid] = fused.get(rid, 0.0) + w[name] * norm
