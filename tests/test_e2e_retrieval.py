@@ -134,6 +134,19 @@ def rrf(entry: dict[str, Any], k: int = 60) -> float:
     return total
 
 
+async def hybrid_when_ready(mcp: Mcp, query: str) -> tuple[dict[str, Any], int]:
+    """The first successful ``lexical_and_semantic`` search, and how many RANKING_UNAVAILABLE came first."""
+    deadline = time.monotonic() + 120
+    refusals = 0
+    while not (hybrid := await mcp.call("search", search_args(query, capability_policy=HYBRID)))["ok"]:
+        assert hybrid["error"] == UNAVAILABLE, hybrid
+        assert "output" not in hybrid
+        refusals += 1
+        assert time.monotonic() < deadline, "the embedding model never became ready: " + mcp.stderr()[-2000:]
+        await anyio.sleep(0.5)
+    return hybrid, refusals
+
+
 async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
     start_server, data_dir_factory
 ) -> None:
@@ -157,15 +170,7 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
         assert lexical["output"]["value"]["rank_receipt"]["profile"] == "lexical_v1"
         assert ids_of(lexical) == [], lexical
 
-        deadline = time.monotonic() + 120
-        refusals = 0
-        while not (hybrid := await mcp.call("search", search_args(PARAPHRASE, capability_policy=HYBRID)))["ok"]:
-            assert hybrid["error"] == UNAVAILABLE, hybrid
-            assert "output" not in hybrid
-            refusals += 1
-            assert time.monotonic() < deadline, "the embedding model never became ready: " + mcp.stderr()[-2000:]
-            await anyio.sleep(0.5)
-
+        hybrid, refusals = await hybrid_when_ready(mcp, PARAPHRASE)
         assert refusals >= 1, "a hybrid search answered before the model could have loaded"
         found = ids_of(hybrid)
         assert target_id in found[:3], (target_id, found)
@@ -204,6 +209,33 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
         default = await mcp.call("search", search_args(PARAPHRASE))
         assert default["output"]["value"]["rank_receipt"]["profile"] == "hybrid_v1"
         assert target_id in ids_of(default)[:3]
+
+
+async def test_dbsf_selected_by_the_host_fuses_unclipped_scores_from_the_receipt(
+    start_server, data_dir_factory
+) -> None:
+    """``--fusion dbsf`` over MCP: every fused score re-derives from the receipt's raw channel scores."""
+    import statistics
+
+    async with start_server(data_dir_factory("dbsf"), extra=["--fusion", "dbsf"]) as mcp:
+        target_id = await admit(mcp, TARGET)
+        for text in OTHERS:
+            await admit(mcp, text)
+        hybrid, _ = await hybrid_when_ready(mcp, "cat on the mat by the window")
+        receipt = hybrid["output"]["value"]["rank_receipt"]
+        assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5}}
+        ranked = receipt["ranked"]
+        assert len(ranked) == 6 and ranked[0]["record_id"] == target_id  # limit 10: every hit is listed
+        norm: dict[str, dict[str, float]] = {}
+        for channel in ("lexical", "semantic"):
+            raw = {e["record_id"]: e[channel]["score"] for e in ranked if channel in e}
+            mu = statistics.fmean(raw.values())
+            sd = statistics.stdev(raw.values()) if len(raw) > 1 else 0.0
+            norm[channel] = {r: 0.5 if sd == 0 else (v - (mu - 3 * sd)) / (6 * sd) for r, v in raw.items()}
+        assert len(norm["semantic"]) == 6  # exact search over all live records
+        for e in ranked:
+            expected = sum(0.5 * norm[c].get(e["record_id"], 0.0) for c in ("lexical", "semantic"))
+            assert e["score"] == pytest.approx(expected, rel=1e-9), e
 
 
 # ---- 2. a missing model: RANKING_UNAVAILABLE, never an empty success --------------------------
