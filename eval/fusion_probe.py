@@ -1,6 +1,6 @@
 """Diagnostic: fuse the engine's own channel lists offline, to explain a fusion result.
 
-``python -m eval.fusion_probe --store STORE_DIR --dataset DIR`` reads, for every judged query,
+``python -m engram_memory.eval.fusion_probe --store STORE_DIR --dataset DIR`` reads, for every judged query,
 the lexical and semantic hit lists exactly as ``search()`` gets them (depth ``CHANNEL_DEPTH``
 from the store's projections; every record of an eval store is eligible), then scores
 ``retrieval.fusion`` functions on them at several depths, plus two DBSF variants that are not
@@ -27,9 +27,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import typer  # noqa: E402
 
-from eval import metrics  # noqa: E402
-from eval.beir import load_collection, truncate_utf8  # noqa: E402
-from eval.ingest import host_context, open_engine, set_torch_threads  # noqa: E402
+from engram_memory.eval import metrics  # noqa: E402
+from engram_memory.eval.beir import load_collection, truncate_utf8  # noqa: E402
+from engram_memory.eval.ingest import host_context, open_engine, set_torch_threads  # noqa: E402
 
 Ranked = list[tuple[str, float]]
 
@@ -55,8 +55,8 @@ def main(
     dataset: Annotated[Path, typer.Option("--dataset", help="The BEIR collection it was built from.")],
     threads: Annotated[int | None, typer.Option("--threads", min=1)] = 1,
 ) -> None:
-    from retrieval import fusion
-    from retrieval.search import CHANNEL_DEPTH
+    from engram_memory.models.limits import CHANNEL_DEPTH
+    from engram_memory.retrieval import fusion
 
     set_torch_threads(threads)
     manifest = json.loads((store / "manifest.json").read_text())

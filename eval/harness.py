@@ -1,7 +1,7 @@
 """The eval pipeline: load -> ingest (cached) -> one run per channel set -> ranx -> files.
 
 Per-channel runs go through the unmodified search path: the engine is reopened with
-``EngineConfig.channels`` restricted to ``("lexical",)``, ``("semantic",)`` or both, and each
+``EngineSettings.channels`` restricted to ``("lexical",)``, ``("semantic",)`` or both, and each
 run's rank receipt is checked to name exactly the channels that were asked for, so a hybrid
 run that silently fell back to lexical (model not ready) fails instead of being scored.
 """
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eval import metrics, report
-from eval.beir import Collection, load_collection, truncate_utf8
-from eval.ingest import (
+from engram_memory.eval import metrics, report
+from engram_memory.eval.beir import Collection, load_collection, truncate_utf8
+from engram_memory.eval.ingest import (
     CHANNEL_SETS,
     IngestResult,
     admission_policy_ref,
@@ -32,7 +32,7 @@ from eval.ingest import (
     open_engine,
     set_torch_threads,
 )
-from eval.runner import DEPTH, RunResult, run_queries, search_depth
+from engram_memory.eval.runner import DEPTH, RunResult, run_queries, search_depth
 
 log = logging.getLogger("engram.eval")
 CHANNELS = tuple(CHANNEL_SETS)
@@ -41,7 +41,7 @@ LATENCY_LIMIT = 10  # the tool's default page size: what an agent's typical sear
 
 def fusion_overrides(fusion: str | None = None, rrf_k: int | None = None,
                      weights: Sequence[float] | None = None) -> dict[str, Any]:
-    """EngineConfig overrides; None keeps the engine's shipped default."""
+    """EngineSettings overrides; None keeps the engine's shipped default."""
     out: dict[str, Any] = {}
     if fusion is not None:
         out["fusion"] = fusion
@@ -102,7 +102,7 @@ def latency_pass(store_dir: Path, col: Collection, channels: str, **overrides: A
 def peer_eval(store_dir: Path, col: Collection, ing: IngestResult, work_dir: Path,
               progress: bool = True) -> dict[str, Any]:
     """LanceDB over the same documents and the same stored vectors (see eval.peer_lancedb)."""
-    from eval import peer_lancedb
+    from engram_memory.eval import peer_lancedb
 
     reason = peer_lancedb.unavailable()
     if reason:
@@ -112,8 +112,8 @@ def peer_eval(store_dir: Path, col: Collection, ing: IngestResult, work_dir: Pat
     with open_engine(store_dir, "hybrid") as engine:
         scope = host_context(col.name).scope_ref
         # The store's own decrypted vectors (what our semantic channel searches), not a re-encode:
-        # the peer must see the SAME vectors. Engine has no public accessor for them.
-        rids, mat = engine._stored_vectors(scope)
+        # the peer must see the SAME vectors.
+        rids, mat = engine.stored_vectors(scope)
         qids = [q for q in col.queries if truncate_utf8(col.queries[q]).strip()]
         qtexts = [truncate_utf8(col.queries[q]) for q in qids]
         encode_s = []

@@ -33,8 +33,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eval.beir import Collection, Doc, truncate_utf8
-from models.context import HostContext
+from engram_memory.eval.beir import Collection, Doc, truncate_utf8
+from engram_memory.models.context import HostContext
+from engram_memory.models.limits import TEXT_MAX_BYTES
+from engram_memory.models.tools import parse_input, to_plain
 
 INGEST_VERSION = 1  # bump when the doc -> capture mapping changes: it keys the cache
 MAPPINGS = ("single", "split")
@@ -45,7 +47,6 @@ CHANNEL_SETS: dict[str, tuple[str, ...]] = {
 }
 PURPOSE = "purpose:eval"
 VALID_FROM_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z: every record is valid "now"
-TEXT_MAX_BYTES = 65_536  # the component text bound
 EMBED_TIMEOUT_S = 600.0
 
 
@@ -111,11 +112,9 @@ def admission_args(candidate_id: str) -> dict[str, Any]:
     return {"candidate_id": candidate_id, "idempotency_key": "eval-admit-" + candidate_id[-40:]}
 
 
-def validated(tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Run arguments through the server's own parser, so eval inputs are exactly what an agent could send."""
-    from models.tools import parse_input, to_plain
-
-    return to_plain(parse_input(tool, args))
+def validated(tool: str, args: dict[str, Any]) -> Any:
+    """The input model the server's own parser makes of the arguments (what an agent could send)."""
+    return parse_input(tool, args)
 
 
 @dataclass
@@ -135,7 +134,7 @@ class IngestResult:
 
 def admission_policy_ref() -> str:
     """The engine's admission policy id and version: which docs are admitted depends on it."""
-    from store.policy import POLICY_ID, POLICY_VERSION
+    from engram_memory.store.policy import POLICY_ID, POLICY_VERSION
 
     return f"{POLICY_ID}@{POLICY_VERSION}"
 
@@ -147,15 +146,15 @@ def store_key(col: Collection, mapping: str) -> str:
 
 
 def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Any:
-    from store.engine import EngineConfig
+    from engram_memory.models.settings import EngineSettings
 
-    return EngineConfig(data_dir=store_dir, channels=CHANNEL_SETS[channels], **overrides)
+    return EngineSettings(data_dir=store_dir, channels=CHANNEL_SETS[channels], **overrides)
 
 
 @contextmanager
 def open_engine(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Iterator[Any]:
-    """An engine whose ranking uses only ``channels`` (EngineConfig.channels), ready to search."""
-    from store.engine import Engine
+    """An engine whose ranking uses only ``channels`` (EngineSettings.channels), ready to search."""
+    from engram_memory.store.engine import Engine
 
     engine = Engine.open(engine_config(store_dir, channels, **overrides))
     try:
@@ -248,11 +247,11 @@ def ingest(
             for doc in chunk:
                 args = validated("capture", capture_args(col.name, doc, mapping))
                 t = time.perf_counter()
-                cap = engine.capture(ctx, args)
+                cap = to_plain(engine.capture(ctx, args))
                 capture_s.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                adm = engine.request_admission(ctx, validated("request_admission",
-                                                              admission_args(cap["candidate_id"])))
+                adm = to_plain(engine.request_admission(ctx, validated("request_admission",
+                                                                       admission_args(cap["candidate_id"]))))
                 admit_s.append(time.perf_counter() - t)
                 outcome = adm.get("outcome", adm)
                 if outcome.get("status") == "accepted" or (outcome.get("record_id") and

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eval.metrics import METRICS
+from engram_memory.eval.metrics import METRICS
 
 
 def write_results(out: Path, results: Mapping[str, Any]) -> Path:

@@ -16,9 +16,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eval.beir import truncate_utf8
-from eval.ingest import PURPOSE, host_context, validated
-from models.errors import EngramError
+from engram_memory.eval.beir import truncate_utf8
+from engram_memory.eval.ingest import PURPOSE, host_context, validated
+from engram_memory.models.errors import EngramError
+from engram_memory.models.tools import to_plain
 
 DEPTH = 100  # Recall@100 / MAP@100
 PAGE_LIMIT = 50  # the tool's `limit` maximum
@@ -64,7 +65,7 @@ def search_depth(engine: Any, ctx: Any, query: str, depth: int = DEPTH) -> tuple
     receipt: dict[str, Any] = {}
     while len(entries) < depth:
         t = time.perf_counter()
-        value = engine.search(ctx, validated("search", args))
+        value = to_plain(engine.search(ctx, validated("search", args)))
         if not entries:
             first_page_s = time.perf_counter() - t
             receipt = value["rank_receipt"]

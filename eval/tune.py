@@ -1,6 +1,6 @@
 """Choose the fusion default on evidence: a grid over the dev collections, through the real engine.
 
-``python -m eval.tune --out OUT`` ingests (or reuses, same cache as ``eval``) each collection,
+``python -m engram_memory.eval.tune --out OUT`` ingests (or reuses, same cache as ``eval``) each collection,
 scores the two single channels and every fusion configuration in ``GRID`` with the unmodified
 search path, and writes ``OUT/tune.json`` and ``OUT/tune.md`` (a table per collection and a
 summary). It also compares the two document mappings on the lexical channel (the semantic
@@ -24,10 +24,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import typer  # noqa: E402
 
-from eval import metrics  # noqa: E402
-from eval.beir import load_collection  # noqa: E402
-from eval.harness import fusion_overrides, run_channel  # noqa: E402
-from eval.ingest import load_or_ingest, set_torch_threads  # noqa: E402
+from engram_memory.eval import metrics  # noqa: E402
+from engram_memory.eval.beir import load_collection  # noqa: E402
+from engram_memory.eval.harness import fusion_overrides, run_channel  # noqa: E402
+from engram_memory.eval.ingest import load_or_ingest, set_torch_threads  # noqa: E402
 
 DATASETS = ("scifact", "cranfield", "medline")
 # (label, fusion, rrf_k, weights lexical/semantic). RRF k spans Qdrant's 2 to the classic 60;
@@ -46,12 +46,10 @@ GRID: tuple[tuple[str, str, int | None, tuple[float, float] | None], ...] = (
 
 
 def _shipped_label() -> str:
-    """The grid row that is ``EngineConfig``'s default: a challenger must beat it significantly."""
-    from dataclasses import fields
+    """The grid row that is ``EngineSettings``' default: a challenger must beat it significantly."""
+    from engram_memory.models.settings import EngineSettings
 
-    from store.engine import EngineConfig
-
-    d = {f.name: f.default for f in fields(EngineConfig)}
+    d = {name: f.default for name, f in EngineSettings.model_fields.items()}
     for label, method, k, weights in GRID:
         same_k = method != "rrf" or k == d["rrf_k"]
         same_w = method == "rrf" or weights == d["fusion_weights"]

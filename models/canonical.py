@@ -79,6 +79,8 @@ def _normalize(value: Any, walk: _Walk) -> Any:
         walk.floats.append(value)
         return f"{_MARK}{len(walk.floats) - 1}"
     if isinstance(value, (list, tuple)):
+        if value and type(value[0]) is str and _ascii_strings(value):
+            return list(value)  # ids and digests (receipts list thousands): nothing to normalise
         return [_normalize(v, walk) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -93,6 +95,14 @@ def _normalize(value: Any, walk: _Walk) -> Any:
             out[nkey] = _normalize(item, walk)
         return out
     raise CanonicalizationError("unsupported type")
+
+
+def _ascii_strings(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Every item is an exact ``str`` of ASCII (already NFC; no surrogates), checked in C."""
+    try:
+        return "".join(values).isascii() and all(type(v) is str for v in values)
+    except TypeError:  # a non-string item
+        return False
 
 
 # A per-process random mark standing in for a float while the C encoder runs; JSON-escaped

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from models.digests import receipt_digest
+from engram_memory.models.digests import receipt_digest
 
 # Host identifiers become part of scope_ref and directory names: keep them to a safe alphabet.
 HOST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")

@@ -6,7 +6,7 @@ import base64
 import hashlib
 from typing import Any
 
-from models.canonical import canonical_bytes
+from engram_memory.models.canonical import canonical_bytes
 
 ZERO_DIGEST = "sha256:" + "0" * 64
 DOMAIN_PREFIX = "graphify-memory"  # kept after the upstream rename: stored digests depend on it

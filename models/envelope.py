@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.errors import CATALOG
+from engram_memory.models.errors import CATALOG, ErrorCode
 
 REDACTION_CLASS = "high"
 
@@ -18,11 +18,12 @@ def success(value: dict[str, Any], audit_id: str) -> dict[str, Any]:
     }
 
 
-def failure(code: str, audit_id: str) -> dict[str, Any]:
+def failure(code: ErrorCode | str, audit_id: str) -> dict[str, Any]:
+    code = ErrorCode(code)
     spec = CATALOG[code]
     return {
         "ok": False,
         "auditId": audit_id,
         "redactionClass": REDACTION_CLASS,
-        "error": {"code": code, "message": spec.message, "retriable": spec.retriable},
+        "error": {"code": code.value, "message": spec.message, "retriable": spec.retriable},
     }

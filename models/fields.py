@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeAlias
 
 from annotated_types import Ge, Le, Len
 from pydantic import (
@@ -26,10 +26,17 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
-from models.canonical import SAFE_INTEGER_MAX, nfc
+from engram_memory.models.canonical import SAFE_INTEGER_MAX, nfc
+from engram_memory.models.limits import (
+    ATTESTATION_MAX_BYTES,
+    IDEMPOTENCY_KEY_MAX_BYTES,
+    IDEMPOTENCY_KEY_MIN_BYTES,
+    OPAQUE_MAX_BYTES,
+    QUERY_MAX_BYTES,
+    TEXT_MAX_BYTES,
+)
 
 CURSOR_MAX = 2**64 - 1
-OPAQUE_MAX_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -127,13 +134,8 @@ def _distinct(items: list[Any]) -> list[Any]:
 def const(value: bool | int) -> Any:
     """Exactly ``value``: pydantic's ``Literal[1]`` accepts ``True`` and ``Literal[True]`` accepts ``1``."""
 
-    def check(item: Any) -> Any:
-        if item != value:
-            raise ValueError("unexpected constant")
-        return item
-
     kind = "boolean" if isinstance(value, bool) else "integer"
-    return Annotated[type(value), Strict(), AfterValidator(check), WithJsonSchema({"type": kind, "const": value})]
+    return Annotated[type(value), Strict(), _exactly(value), WithJsonSchema({"type": kind, "const": value})]
 
 
 def utf8_text(min_bytes: int, max_bytes: int) -> Any:
@@ -147,16 +149,21 @@ def safe_int(minimum: int = -SAFE_INTEGER_MAX, maximum: int = SAFE_INTEGER_MAX) 
 
 def distinct(item: Any, min_items: int, max_items: int) -> Any:
     """A list of distinct items (compared after each item's own normalisation, e.g. NFC)."""
-    unique = JsonSchemaExtra({"uniqueItems": True})
-    return Annotated[list[item], Len(min_items, max_items), AfterValidator(_distinct), unique]
+    return Annotated[list[item], Len(min_items, max_items), Distinct, UNIQUE_ITEMS]
 
 
-OpaqueRef = utf8_text(1, OPAQUE_MAX_BYTES)
-IdempotencyKey = utf8_text(16, 256)
-Text = utf8_text(1, 65_536)
-Query = utf8_text(1, 8_192)
-PageCursor = utf8_text(1, OPAQUE_MAX_BYTES)
-Attestation = utf8_text(0, 4_096)
+# The default of an optional field whose absence is meaningful: the field is absent, never null
+# (an explicit null is refused and the published schema has no "default"). Typed Any so that
+# ``x: T = ABSENT`` type-checks without widening ``T`` to ``T | None``, which would publish null.
+ABSENT: Any = None
+
+# Explicit aliases (what utf8_text / safe_int / const build), so type checkers see real types.
+OpaqueRef: TypeAlias = Annotated[str, Strict(), Utf8Bytes(1, OPAQUE_MAX_BYTES)]
+IdempotencyKey: TypeAlias = Annotated[str, Strict(), Utf8Bytes(IDEMPOTENCY_KEY_MIN_BYTES, IDEMPOTENCY_KEY_MAX_BYTES)]
+Text: TypeAlias = Annotated[str, Strict(), Utf8Bytes(1, TEXT_MAX_BYTES)]
+Query: TypeAlias = Annotated[str, Strict(), Utf8Bytes(1, QUERY_MAX_BYTES)]
+PageCursor: TypeAlias = Annotated[str, Strict(), Utf8Bytes(1, OPAQUE_MAX_BYTES)]
+Attestation: TypeAlias = Annotated[str, Strict(), Utf8Bytes(0, ATTESTATION_MAX_BYTES)]
 
 Digest = Annotated[str, Strict(), Matches("sha256:[0-9a-f]{64}")]
 RecordId = Annotated[str, Strict(), Matches("mem_[a-z2-7]+", max_length=OPAQUE_MAX_BYTES)]
@@ -171,5 +178,28 @@ Instant = Annotated[
     AfterValidator(_real_instant),
 ]
 
-SafeInt = safe_int()
+SafeInt: TypeAlias = Annotated[int, Strict(), Ge(-SAFE_INTEGER_MAX), Le(SAFE_INTEGER_MAX)]
+Rank: TypeAlias = Annotated[int, Strict(), Ge(1), Le(SAFE_INTEGER_MAX)]  # 1-based
+Count: TypeAlias = Annotated[int, Strict(), Ge(0), Le(SAFE_INTEGER_MAX)]
+
+# A list of distinct items: ``Annotated[list[T], Len(lo, hi), Distinct, UNIQUE_ITEMS]`` (see distinct()).
+Distinct = AfterValidator(_distinct)
+UNIQUE_ITEMS = JsonSchemaExtra({"uniqueItems": True})
+
+
+def _exactly(value: bool | int) -> AfterValidator:
+    def check(item: Any) -> Any:
+        if item != value:
+            raise ValueError("unexpected constant")
+        return item
+
+    return AfterValidator(check)
+
+
+# const(1), const(True), const(False) as explicit aliases.
+ConstOne: TypeAlias = Annotated[int, Strict(), _exactly(1), WithJsonSchema({"type": "integer", "const": 1})]
+ConstTrue: TypeAlias = Annotated[bool, Strict(), _exactly(True), WithJsonSchema({"type": "boolean", "const": True})]
+ConstFalse: TypeAlias = Annotated[
+    bool, Strict(), _exactly(False), WithJsonSchema({"type": "boolean", "const": False})
+]
 Score = Annotated[float, Strict(), AllowInfNan(False)]

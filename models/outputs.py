@@ -6,25 +6,30 @@ emits: ``validate_output`` refuses anything off-contract before it reaches a cal
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar, cast
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
-from models.errors import CATALOG, EngramError
-from models.fields import (
+from engram_memory.models.errors import CATALOG, EngramError
+from engram_memory.models.fields import (
+    ABSENT,
     CandidateId,
+    ConstFalse,
+    ConstOne,
+    ConstTrue,
+    Count,
     Cursor,
     Digest,
     Instant,
     OpaqueRef,
     PageCursor,
+    Rank,
     RecordId,
     SafeInt,
     Score,
-    const,
-    safe_int,
 )
-from models.tools import (
+from engram_memory.models.states import NO_FUSION, FusionMethod, Operation, legal_from, next_state
+from engram_memory.models.tools import (
     Citation,
     Closed,
     Component,
@@ -35,8 +40,25 @@ from models.tools import (
     validation_detail,
 )
 
-Rank = safe_int(1)
-Count = safe_int(0)
+
+# Literals derived from the enums and the transition table (the values, so the published schema
+# stays a plain string enum). Type checkers see ``str``: a computed Literal is opaque to them.
+def _values_literal(values: Any) -> Any:
+    return Literal[tuple(str(getattr(v, "value", v)) for v in values)]
+
+
+if TYPE_CHECKING:
+    FusionMethodName: TypeAlias = str
+    WithdrawFrom: TypeAlias = str
+    WithdrawTo: TypeAlias = str
+    ForgetFrom: TypeAlias = str
+    ForgetTo: TypeAlias = str
+else:
+    FusionMethodName = _values_literal((*FusionMethod, NO_FUSION))
+    WithdrawFrom = _values_literal(legal_from(Operation.WITHDRAW))
+    WithdrawTo = _values_literal([next_state(Operation.WITHDRAW, s) for s in legal_from(Operation.WITHDRAW)])
+    ForgetFrom = _values_literal(legal_from(Operation.TOMBSTONE))
+    ForgetTo = _values_literal({next_state(Operation.TOMBSTONE, s) for s in legal_from(Operation.TOMBSTONE)})
 
 
 class OutputContractError(EngramError):
@@ -55,7 +77,7 @@ class Trust(Closed):
     verifier_id: OpaqueRef
     verifier_version: OpaqueRef
     issued_at: Instant
-    expires_at: Instant = None
+    expires_at: Instant = ABSENT
     revocation_epoch: Cursor
     receipt_digest: Digest
 
@@ -67,22 +89,35 @@ class Record(Closed):
     """
 
     record_id: RecordId
-    schema_version: Literal[2] = None
-    scope_ref: OpaqueRef = None
-    purpose_ref: OpaqueRef = None
-    valid_time: ValidTime = None
-    components: list[Component] = None
-    primary_component_id: OpaqueRef = None
-    primary_event: PrimaryEvent = None
-    citations: list[Citation] = None
-    retention: Retention = None
-    reconciliation: Reconciliation = None
-    payload_digest: Digest = None
-    record_digest: Digest = None
-    recorded_at: Instant = None
-    recorded_cursor: Cursor = None
-    authorization_receipt_digest: Digest = None
-    trust: Trust = None
+    schema_version: Literal[2] = ABSENT
+    scope_ref: OpaqueRef = ABSENT
+    purpose_ref: OpaqueRef = ABSENT
+    valid_time: ValidTime = ABSENT
+    components: list[Component] = ABSENT
+    primary_component_id: OpaqueRef = ABSENT
+    primary_event: PrimaryEvent = ABSENT
+    citations: list[Citation] = ABSENT
+    retention: Retention = ABSENT
+    reconciliation: Reconciliation = ABSENT
+    payload_digest: Digest = ABSENT
+    record_digest: Digest = ABSENT
+    recorded_at: Instant = ABSENT
+    recorded_cursor: Cursor = ABSENT
+    authorization_receipt_digest: Digest = ABSENT
+    trust: Trust = ABSENT
+
+    @model_serializer(mode="wrap")
+    def _stored_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A record is served as it is stored: in canonical (RFC 8785) key order at every level.
+        return _sorted_keys(handler(self))
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(v) for v in value]
+    return value
 
 
 # ---- search -------------------------------------------------------------------------------
@@ -95,8 +130,8 @@ class ChannelReceipt(Closed):
     engine_version: str
     index_kind: Literal["bm25", "exact", "hnsw", "none"]
     index_cursor: Cursor
-    model_id: str = None
-    model_digest: Digest = None
+    model_id: str = ABSENT
+    model_digest: Digest = ABSENT
 
 
 class FusionWeights(Closed):
@@ -105,9 +140,9 @@ class FusionWeights(Closed):
 
 
 class Fusion(Closed):
-    method: Literal["rrf", "dbsf", "convex", "none"]
-    k: Rank = None
-    weights: FusionWeights = None
+    method: FusionMethodName
+    k: Rank = ABSENT
+    weights: FusionWeights = ABSENT
 
 
 class ChannelRank(Closed):
@@ -119,8 +154,8 @@ class RankedEntry(Closed):
     record_id: RecordId
     rank: Rank
     score: Score
-    lexical: ChannelRank = None
-    semantic: ChannelRank = None
+    lexical: ChannelRank = ABSENT
+    semantic: ChannelRank = ABSENT
 
 
 class RankReceipt(Closed):
@@ -151,7 +186,7 @@ class RecordPacket(Closed):
 class SearchValue(Closed):
     records: list[RecordPacket]
     rank_receipt: RankReceipt
-    next_page_cursor: PageCursor = None  # what search emits must be accepted back as page_cursor
+    next_page_cursor: PageCursor = ABSENT  # what search emits must be accepted back as page_cursor
     response_digest: Digest
 
 
@@ -184,7 +219,7 @@ class GetValue(Closed):
 class CaptureValue(Closed):
     status: Literal["committed_pending", "duplicate_exact"]
     candidate_id: CandidateId
-    record_digest: Digest = None
+    record_digest: Digest = ABSENT
     cursor: Cursor
     transaction_receipt_digest: Digest
 
@@ -192,7 +227,7 @@ class CaptureValue(Closed):
 class AdmissionOutcome(Closed):
     status: Literal["accepted", "rejected", "pending_adjudication", "duplicate_exact"]
     candidate_id: CandidateId
-    record_id: RecordId = None  # the engine always sets it on "accepted"; callers read status
+    record_id: RecordId = ABSENT  # the engine always sets it on "accepted"; callers read status
     cursor: Cursor
     decision_receipt_digest: Digest
     transaction_receipt_digest: Digest
@@ -213,14 +248,14 @@ class _LifecycleReceipt(Closed):
 
 class WithdrawReceipt(_LifecycleReceipt):
     operation: Literal["withdraw"]
-    from_state: Literal["pending"]
-    to_state: Literal["withdrawn"]
+    from_state: WithdrawFrom
+    to_state: WithdrawTo
 
 
 class ForgetReceipt(_LifecycleReceipt):
     operation: Literal["tombstone"]
-    from_state: Literal["accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid"]
-    to_state: Literal["tombstoned"]
+    from_state: ForgetFrom
+    to_state: ForgetTo
 
 
 class WithdrawValue(Closed):
@@ -233,7 +268,7 @@ class ForgetValue(Closed):
     receipt: ForgetReceipt
     replayed: bool
     projection_invalidation: Literal["pending", "complete"]
-    coverage_receipt_digest: Digest = None
+    coverage_receipt_digest: Digest = ABSENT
 
 
 OUTPUT_MODELS: dict[str, type[Closed]] = {
@@ -249,16 +284,19 @@ OUTPUT_MODELS: dict[str, type[Closed]] = {
 # ---- envelope -----------------------------------------------------------------------------
 
 V = TypeVar("V", bound=Closed)
-ErrorCode = Literal[tuple(CATALOG)]  # type: ignore[valid-type]  # the catalog is the single list
+if TYPE_CHECKING:
+    ErrorCode: TypeAlias = str
+else:  # the catalog is the single list; a Literal keeps the published schema a plain string enum
+    ErrorCode = _values_literal(CATALOG)
 
 
 class Output(Closed, Generic[V]):
-    schema_version: const(1)
+    schema_version: ConstOne
     value: V
 
 
 class SuccessEnvelope(Closed, Generic[V]):
-    ok: const(True)
+    ok: ConstTrue
     output: Output[V]
     auditId: str
     redactionClass: Literal["high"]
@@ -271,14 +309,15 @@ class ErrorBody(Closed):
 
 
 class FailureEnvelope(Closed):
-    ok: const(False)
+    ok: ConstFalse
     auditId: str
     redactionClass: Literal["high"]
     error: ErrorBody
 
 
 def success_envelope_model(tool: str) -> type[SuccessEnvelope[Any]]:
-    return SuccessEnvelope[OUTPUT_MODELS[tool]]  # type: ignore[index]
+    # A runtime parametrisation: the value model is chosen by tool name.
+    return cast(type[SuccessEnvelope[Any]], SuccessEnvelope[OUTPUT_MODELS[tool]])  # type: ignore[valid-type]
 
 
 def validate_output(tool: str, value: dict[str, Any]) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from models.context import ALL_TOOLS, TOOL_PREFIX
-from models.outputs import FailureEnvelope, success_envelope_model
-from models.tools import INPUT_MODELS
+from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
+from engram_memory.models.outputs import FailureEnvelope, success_envelope_model
+from engram_memory.models.tools import INPUT_MODELS
 
 TOOL_NAMES: dict[str, str] = {tool: TOOL_PREFIX + tool for tool in ALL_TOOLS}
 

@@ -8,16 +8,20 @@ exactly the fields that were not sent.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from annotated_types import Ge, Le, Len
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
-from models.canonical import canonical_bytes, integral_floats_to_int
-from models.errors import EngramError, unknown_tool
-from models.fields import (
+from engram_memory.models.canonical import canonical_bytes, integral_floats_to_int
+from engram_memory.models.errors import EngramError, unknown_tool
+from engram_memory.models.fields import (
+    ABSENT,
+    UNIQUE_ITEMS,
     Attestation,
     CandidateId,
     Digest,
+    Distinct,
     IdempotencyKey,
     Instant,
     OpaqueRef,
@@ -26,17 +30,23 @@ from models.fields import (
     RecordId,
     SafeInt,
     Text,
-    distinct,
-    safe_int,
+)
+from engram_memory.models.limits import (
+    LIMIT_DEFAULT,
+    LIMIT_MAX,
+    LIMIT_MIN,
+    MAX_ARGUMENT_BYTES,
+    MAX_CITATIONS,
+    MAX_COMPONENTS,
+    MAX_FAMILY_REFS,
+    PACKET_BYTES_DEFAULT,
+    PACKET_BYTES_MAX,
+    PACKET_BYTES_MIN,
 )
 
-MAX_ARGUMENT_BYTES = 1_048_576
-MAX_COMPONENTS = 64
-MAX_CITATIONS = 256
-MAX_FAMILY_REFS = 64
-PacketBytes = safe_int(4_096, 1_048_576)
-Limit = safe_int(1, 50)
-CitationIds = distinct(OpaqueRef, 1, MAX_CITATIONS)
+PacketBytes: TypeAlias = Annotated[int, Strict(), Ge(PACKET_BYTES_MIN), Le(PACKET_BYTES_MAX)]
+Limit: TypeAlias = Annotated[int, Strict(), Ge(LIMIT_MIN), Le(LIMIT_MAX)]
+CitationIds: TypeAlias = Annotated[list[OpaqueRef], Len(1, MAX_CITATIONS), Distinct, UNIQUE_ITEMS]
 
 
 class Closed(BaseModel):
@@ -56,16 +66,16 @@ class CapabilityPolicy(Closed):
 class SearchInput(Closed):
     query: Query
     purpose_ref: OpaqueRef
-    limit: Limit = 10
-    max_packet_bytes: PacketBytes = 65_536
+    limit: Limit = LIMIT_DEFAULT
+    max_packet_bytes: PacketBytes = PACKET_BYTES_DEFAULT
     capability_policy: CapabilityPolicy = CapabilityPolicy(minimum_channels="lexical", network="forbid")
-    page_cursor: PageCursor = None
+    page_cursor: PageCursor = ABSENT
 
 
 class GetInput(Closed):
     record_id: RecordId
     purpose_ref: OpaqueRef
-    max_packet_bytes: PacketBytes = 65_536
+    max_packet_bytes: PacketBytes = PACKET_BYTES_DEFAULT
 
 
 # ---- capture ------------------------------------------------------------------------------
@@ -73,7 +83,7 @@ class GetInput(Closed):
 
 class ValidTime(Closed):
     t: SafeInt  # epoch milliseconds
-    t_end: SafeInt = None  # absent: open-ended
+    t_end: SafeInt = ABSENT  # absent: open-ended
 
     @model_validator(mode="after")
     def _ordered(self) -> ValidTime:
@@ -105,12 +115,12 @@ class Citation(Closed):
     source_ref: OpaqueRef
     locator: Locator
     content_digest: Digest
-    observed_at: Instant = None
+    observed_at: Instant = ABSENT
 
 
 class Retention(Closed):
     derivative_rule: Literal["retain", "make-ineligible"]
-    expires_at: Instant = None  # "after capture time" and the host ceiling are checked by the store
+    expires_at: Instant = ABSENT  # "after capture time" and the host ceiling are checked by the store
 
 
 def _utf16_key(text: str) -> bytes:
@@ -138,8 +148,8 @@ class Payload(Closed):
     primary_component_id: OpaqueRef
     primary_event: PrimaryEvent
     citations: list[Citation] = Field(min_length=1, max_length=MAX_CITATIONS)
-    retention: Retention = None
-    reconciliation: Reconciliation = None
+    retention: Retention = ABSENT
+    reconciliation: Reconciliation = ABSENT
 
     @model_validator(mode="after")
     def _cross_references(self) -> Payload:
@@ -164,7 +174,7 @@ class Evidence(Closed):
     evidence_ref: OpaqueRef
     evidence_digest: Digest
     citation_ids: CitationIds
-    attestation: Attestation = None
+    attestation: Attestation = ABSENT
 
 
 class CaptureInput(Closed):

@@ -19,7 +19,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``path`` via a temp file in the same directory, fsync, then ``os.replace``.
 
     Readers see the old bytes or the new bytes, never a torn file; the old inode is

@@ -133,7 +133,7 @@ class _ThreadRoutedStdout:
 def stdout_to_stderr_in_this_thread() -> Iterator[None]:
     original = sys.stdout
     router = _ThreadRoutedStdout(original, threading.get_ident())
-    sys.stdout = router  # type: ignore[assignment]
+    sys.stdout = router
     try:
         yield
     finally:

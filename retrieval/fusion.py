@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from engram_memory.models.limits import RRF_K
+
 Ranked = list[tuple[str, float]]
 Channels = Mapping[str, Ranked]
 
@@ -44,7 +46,7 @@ def channel_ranks(channels: Channels) -> dict[str, dict[str, int]]:
     return out
 
 
-def rrf(channels: Channels, k: float = 60, weights: Mapping[str, float] | None = None) -> Ranked:
+def rrf(channels: Channels, k: float = RRF_K, weights: Mapping[str, float] | None = None) -> Ranked:
     """Reciprocal rank fusion (Cormack et al., SIGIR 2009).
 
     ``fused(d) = Σ_c w_c / (k + rank_c(d))`` with ``rank_c`` starting at 1 and ``w_c = 1`` unless

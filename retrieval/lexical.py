@@ -30,7 +30,7 @@ from typing import Any
 
 import tantivy
 
-from retrieval._files import read_json, write_json
+from engram_memory.retrieval._files import read_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.canonical import canonical_bytes
-from models.digests import receipt_digest
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.digests import receipt_digest
 
 
 def redact(record: dict[str, Any], redacted: tuple[str, ...], policy_version: str) -> dict[str, Any]:
@@ -28,5 +28,14 @@ def redact(record: dict[str, Any], redacted: tuple[str, ...], policy_version: st
     }
 
 
-def packet_bytes(packet: dict[str, Any]) -> int:
-    return len(canonical_bytes(packet))
+def core_bytes(core: dict[str, Any]) -> bytes:
+    """The JCS members of a redacted core ``{record, redacted_fields, redaction_receipt_digest}``
+    without braces: the middle of a packet (its keys sort between "rank" and "score")."""
+    return (b'"record":' + canonical_bytes(core["record"])
+            + b',"redacted_fields":' + canonical_bytes(core["redacted_fields"])
+            + b',"redaction_receipt_digest":' + canonical_bytes(core["redaction_receipt_digest"]))
+
+
+def ranked_packet_bytes(core: bytes, score: float, rank: int) -> bytes:
+    """canonical_bytes({**core, "score": score, "rank": rank}) from the core's cached bytes."""
+    return b'{"rank":' + canonical_bytes(rank) + b"," + core + b',"score":' + canonical_bytes(score) + b"}"

@@ -13,8 +13,8 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from models.canonical import canonical_bytes
-from models.errors import EngramError
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.errors import EngramError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
-from retrieval.vectors import DEFAULT_HNSW_THRESHOLD, VectorIndex
+from engram_memory.models.limits import HNSW_THRESHOLD
+from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
+from engram_memory.retrieval.vectors import VectorIndex
 
 SAVE_MIN_ROWS = 256
 
@@ -30,7 +31,7 @@ class Projections:
         self,
         root: Path,
         dim: int = 384,
-        hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD,
+        hnsw_threshold: int = HNSW_THRESHOLD,
         lexical_config: LexicalConfig = REFERENCE_PROFILE,
     ) -> None:
         self.root = root

@@ -6,22 +6,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrieval import fusion as fusion_fns
+from engram_memory.models.limits import RRF_K
+from engram_memory.models.states import NO_FUSION, FusionMethod
+from engram_memory.retrieval import fusion as fusion_fns
 
-FUSION_METHODS = ("rrf", "dbsf", "convex")
+FUSION_METHODS = tuple(m.value for m in FusionMethod)
 
 
 @dataclass(frozen=True)
 class FusionConfig:
-    method: str = "rrf"
-    k: int = 60
+    method: str = FusionMethod.CONVEX.value
+    k: int = RRF_K
     weights: Mapping[str, float] = field(default_factory=lambda: {"lexical": 0.5, "semantic": 0.5})
 
     def describe(self, fused: bool) -> dict[str, Any]:
         if not fused:
-            return {"method": "none"}
-        if self.method == "rrf":
-            return {"method": "rrf", "k": self.k}
+            return {"method": NO_FUSION}
+        if self.method == FusionMethod.RRF:
+            return {"method": FusionMethod.RRF.value, "k": self.k}
         return {"method": self.method, "weights": {"lexical": self.weights["lexical"],
                                                    "semantic": self.weights["semantic"]}}
 
@@ -44,11 +46,11 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
     if len(channels) == 1:
         (name, hits), = channels.items()
         fused = hits
-    elif config.method == "rrf":
+    elif config.method == FusionMethod.RRF:
         fused = fusion_fns.rrf(channels, k=config.k)
-    elif config.method == "dbsf":
+    elif config.method == FusionMethod.DBSF:
         fused = fusion_fns.dbsf(channels, weights=dict(config.weights))
-    elif config.method == "convex":
+    elif config.method == FusionMethod.CONVEX:
         fused = fusion_fns.convex(channels, weights=dict(config.weights))
     else:
         raise ValueError(f"unknown fusion method {config.method}")

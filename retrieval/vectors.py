@@ -30,7 +30,7 @@ from pathlib import Path
 import hnswlib
 import numpy as np
 
-from retrieval._files import atomic_write, read_json, replace_from_path, sha256_file, write_json
+from engram_memory.retrieval._files import atomic_write, read_json, replace_from_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ HNSWLIB_VERSION = version("hnswlib")
 # 0.3-0.6 ms but a full single-threaded build takes ~3 s at 10k, ~7 s at 20k, ~24 s at 50k (so a
 # delete punches a hole in place instead, see the module doc). Exact up to 50k keeps recall exact
 # and rebuilds byte-identical where the latency is still negligible.
-DEFAULT_HNSW_THRESHOLD = 50_000
 HOLE_FRACTION = 10  # HNSW mode: rebuild the graph once more than 1/10 of its rows are purged holes
 # float32 dot products of unit vectors in 384-d differ from the exact value by < 3e-5; any
 # candidate within this margin of the k-th float32 score is rescored canonically.

@@ -11,11 +11,11 @@ import anyio
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from server.config import ServeConfig
-from server.dispatch import Dispatcher
-from server.gate import ConfirmationGate
-from server.tools import INSTRUCTIONS, ToolRegistry
-from store.engine import Engine, EngineConfig
+from engram_memory.server.config import ServeConfig
+from engram_memory.server.dispatch import Dispatcher
+from engram_memory.server.gate import ConfirmationGate
+from engram_memory.server.tools import INSTRUCTIONS, ToolRegistry
+from engram_memory.store.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
 
@@ -33,16 +33,7 @@ def server_version() -> str:
 def open_engine(cfg: ServeConfig) -> Engine:
     """Open the store; raises StoreBusyError when another process holds the data dir."""
     Path(cfg.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return Engine.open(
-        EngineConfig(
-            data_dir=cfg.data_dir,
-            policy=cfg.host_policy(),
-            model_path=cfg.model_path,
-            semantic=cfg.semantic,
-            fusion=cfg.fusion,
-            rrf_k=cfg.rrf_k,
-        )
-    )
+    return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
 
 
 def build_server(cfg: ServeConfig, engine: Engine | None) -> Server:

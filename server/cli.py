@@ -13,14 +13,14 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import logging  # noqa: E402
 import sys  # noqa: E402
+from importlib.metadata import entry_points  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 
-from eval.cli import bench_cmd, eval_cmd  # noqa: E402
-from server.config import ConfigError, load_config  # noqa: E402
-from server.maintenance import rebuild_index_cmd  # noqa: E402
+from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
+from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
 
 EXIT_USAGE = 2  # config errors and a busy data dir: the host must fix its launch, not retry blindly
 
@@ -53,48 +53,47 @@ def _setup_logging(level: str) -> None:
     )
 
 
-Opt = typer.Option
+def _opt(key: str, *decls: str) -> Any:
+    """A ``serve`` flag for settings key ``key``: its help text and shown default come from the model."""
+    spec = ServeSettings.model_fields[key]
+    default = spec.get_default(call_default_factory=True)
+    if isinstance(default, tuple):
+        shown: str | bool = ",".join(str(item) for item in default) if default else False
+    elif isinstance(default, bool):
+        shown = ("--" if default else "--no-") + key.replace("_", "-")
+    else:
+        shown = False if default is None else str(default)
+    return typer.Option(*decls, help=spec.description, show_default=shown)
 
 
+# Flag names are the settings keys with dashes; every flag defaults to None (= not given), so the
+# environment, the TOML file and finally the model's default apply (server/config.py).
 def serve(
-    data_dir: Annotated[Path | None, Opt("--data-dir", help="Store directory (one server at a time).")] = None,
-    tenant: Annotated[str | None, Opt(help="Bound tenant.")] = None,
-    workspace: Annotated[str | None, Opt(help="Bound workspace.")] = None,
-    principal: Annotated[str | None, Opt(help="Bound principal (the human or service acting).")] = None,
-    agent_id: Annotated[str | None, Opt("--agent-id", help="Bound agent id.")] = None,
-    purpose_ref: Annotated[str | None, Opt("--purpose-ref", help="Bound purpose the agent must cite.")] = None,
-    tools: Annotated[
-        str | None, Opt(help="Granted tools, comma-separated: search,get,capture,request_admission,withdraw,forget.")
+    data_dir: Annotated[Path | None, _opt("data_dir", "--data-dir")] = None,
+    tenant: Annotated[str | None, _opt("tenant")] = None,
+    workspace: Annotated[str | None, _opt("workspace")] = None,
+    principal: Annotated[str | None, _opt("principal")] = None,
+    agent_id: Annotated[str | None, _opt("agent_id", "--agent-id")] = None,
+    purpose_ref: Annotated[str | None, _opt("purpose_ref", "--purpose-ref")] = None,
+    tools: Annotated[str | None, _opt("tools")] = None,
+    confirm: Annotated[str | None, _opt("confirm")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help=f"TOML file with the same keys; {ENV_PREFIX}<KEY> variables override it, flags both."),
     ] = None,
-    confirm: Annotated[
-        str | None, Opt(help="Also confirm these through the human: capture,request_admission.")
-    ] = None,
-    config: Annotated[Path | None, Opt(help="TOML file with the same keys; flags override it.")] = None,
-    model_path: Annotated[Path | None, Opt("--model-path", help="Local embedding model directory.")] = None,
-    semantic: Annotated[
-        bool | None, Opt("--semantic/--no-semantic", help="Load the embedding model (semantic channel).")
-    ] = None,
-    fusion: Annotated[str | None, Opt(help="Rank fusion: rrf, dbsf or convex.")] = None,
-    rrf_k: Annotated[int | None, Opt("--rrf-k", help="RRF constant k.")] = None,
-    retention_ceiling_days: Annotated[
-        int | None, Opt("--retention-ceiling-days", help="Latest allowed expires_at, in days from capture.")
-    ] = None,
-    allow_retain: Annotated[
-        bool | None, Opt("--allow-retain/--no-allow-retain", help="Allow derivative_rule retain.")
-    ] = None,
-    consented_families: Annotated[
-        str | None, Opt("--consented-families", help="Reconciliation families the host consents to.")
-    ] = None,
-    redacted_fields: Annotated[
-        str | None, Opt("--redacted-fields", help="Top-level record fields withheld from the agent.")
-    ] = None,
-    confirm_ttl_seconds: Annotated[
-        float | None, Opt("--confirm-ttl-seconds", help="How long a confirmation may wait (<= 300).")
-    ] = None,
-    transport: Annotated[str | None, Opt(help="stdio (default) or http.")] = None,
-    host: Annotated[str | None, Opt(help="HTTP bind address (loopback only).")] = None,
-    port: Annotated[int | None, Opt(help="HTTP port.")] = None,
-    log_level: Annotated[str, Opt("--log-level", help="stderr log level.")] = "INFO",
+    model_path: Annotated[Path | None, _opt("model_path", "--model-path")] = None,
+    semantic: Annotated[bool | None, _opt("semantic", "--semantic/--no-semantic")] = None,
+    fusion: Annotated[str | None, _opt("fusion")] = None,
+    rrf_k: Annotated[int | None, _opt("rrf_k", "--rrf-k")] = None,
+    retention_ceiling_days: Annotated[int | None, _opt("retention_ceiling_days", "--retention-ceiling-days")] = None,
+    allow_retain: Annotated[bool | None, _opt("allow_retain", "--allow-retain/--no-allow-retain")] = None,
+    consented_families: Annotated[str | None, _opt("consented_families", "--consented-families")] = None,
+    redacted_fields: Annotated[str | None, _opt("redacted_fields", "--redacted-fields")] = None,
+    confirm_ttl_seconds: Annotated[float | None, _opt("confirm_ttl_seconds", "--confirm-ttl-seconds")] = None,
+    transport: Annotated[str | None, _opt("transport")] = None,
+    host: Annotated[str | None, _opt("host")] = None,
+    port: Annotated[int | None, _opt("port")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="stderr log level.")] = "INFO",
 ) -> None:
     """Serve the memory tools to one host-bound agent context."""
     _setup_logging(log_level)
@@ -110,8 +109,8 @@ def serve(
     # Imported here so `--help` and config errors stay fast (the store pulls in DuckDB).
     import anyio
 
-    from server.app import serve_http, serve_stdio
-    from store.engine import StoreBusyError
+    from engram_memory.server.app import serve_http, serve_stdio
+    from engram_memory.store.engine import StoreBusyError
 
     try:
         if cfg.transport == "http":
@@ -135,12 +134,13 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
-# Commands live in their owners' modules (keep their heavy imports inside the function);
-# registering one is one import and one line, e.g. `app.command("eval")(eval_cmd)`.
+# Commands live in their owners' modules (keep their heavy imports inside the function).
 app.command("serve")(serve)
 app.command("rebuild-index")(rebuild_index_cmd)
-app.command("eval")(eval_cmd)
-app.command("bench")(bench_cmd)
+# Other parts of the distribution (the evaluation harness) plug their commands in through
+# the "engram_memory.commands" entry point group, so the server never imports them.
+for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):
+    app.command(_command.name)(_command.load())
 
 
 if __name__ == "__main__":

@@ -1,73 +1,155 @@
-"""Launch configuration: command-line flags over the same keys read from a TOML file.
+"""Launch settings: command-line flags over ``ENGRAM_*`` environment variables over a TOML file.
 
 The launch config is the host's side of the contract (TOOL_CONTRACT §0): it binds the
 invocation context (tenant, workspace, principal, agent_id, purpose) and grants tools.
 Nothing here is visible to, or settable by, the agent.
+
+:class:`ServeSettings` is the engine's :class:`~engram_memory.models.settings.EngineSettings`
+plus the serve-only options; each option and its default is declared once, on the model.
+Sources, highest priority first: flags (init keywords; ``None`` = not given), ``ENGRAM_<KEY>``
+environment variables (lists comma-separated or as a JSON array), the TOML file (``--config``;
+keys may use dashes), the model's defaults. Every refusal is a one-line :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import types
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
 
-from models.canonical import CanonicalizationError, nfc, utf8_len
-from models.context import ALL_TOOLS, CONFIRMABLE, HostContext, HostPolicy
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from engram_memory.models.canonical import CanonicalizationError, nfc, utf8_len
+from engram_memory.models.context import ALL_TOOLS, CONFIRMABLE, HostContext
+from engram_memory.models.limits import CONFIRM_TTL_S, DAY_MS, OPAQUE_MAX_BYTES
+from engram_memory.models.settings import EngineSettings, default_data_dir
+from engram_memory.models.states import FusionMethod
+
+__all__ = [
+    "CONTEXT_KEYS",
+    "DAY_MS",
+    "ENV_PREFIX",
+    "FUSIONS",
+    "KNOWN_KEYS",
+    "LOOPBACK_HOSTS",
+    "MAX_CONFIRM_TTL_S",
+    "TRANSPORTS",
+    "ConfigError",
+    "ServeConfig",
+    "ServeSettings",
+    "default_data_dir",
+    "load_config",
+    "read_config_file",
+]
 
 CONTEXT_KEYS = ("tenant", "workspace", "principal", "agent_id", "purpose_ref")
-FUSIONS = ("rrf", "dbsf", "convex")
-TRANSPORTS = ("stdio", "http")
+FUSIONS = tuple(FusionMethod)
+Transport = Literal["stdio", "http"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 # The launch-bound context has no per-call authentication: serving it beyond loopback
 # would hand this principal's memory to anyone who can reach the port.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-MAX_CONFIRM_TTL_S = 300.0  # TOOL_CONTRACT §0: a confirmation lives at most 300 s
-DAY_MS = 86_400_000
-
-_STR_KEYS = ("tenant", "workspace", "principal", "agent_id", "purpose_ref", "fusion", "transport", "host")
-_PATH_KEYS = ("data_dir", "model_path")
-_INT_KEYS = ("rrf_k", "port", "retention_ceiling_days")
-_FLOAT_KEYS = ("confirm_ttl_seconds",)
-_BOOL_KEYS = ("allow_retain", "semantic")
-_LIST_KEYS = ("tools", "confirm", "consented_families", "redacted_fields")
-KNOWN_KEYS = frozenset(_STR_KEYS + _PATH_KEYS + _INT_KEYS + _FLOAT_KEYS + _BOOL_KEYS + _LIST_KEYS)
+MAX_CONFIRM_TTL_S = float(CONFIRM_TTL_S)  # TOOL_CONTRACT §0: a confirmation lives at most 300 s
+ENV_PREFIX = "ENGRAM_"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class ConfigError(ValueError):
     """The launch configuration is unusable; the message is one line for the operator."""
 
 
-def default_data_dir() -> Path:
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    # The XDG spec says a relative value must be ignored.
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
-    return base / "engram-memory"
+class ServeSettings(BaseSettings, EngineSettings):
+    """Every serve and engine option, read from flags, ``ENGRAM_*`` variables and the TOML file."""
 
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        case_sensitive=False,
+        enable_decoding=False,  # lists are parsed below (comma-separated or JSON), one rule for all
+        extra="forbid",
+        frozen=True,
+        use_enum_values=True,
+        validate_default=True,
+        hide_input_in_errors=True,
+    )
 
-@dataclass(frozen=True)
-class ServeConfig:
-    data_dir: Path = field(default_factory=default_data_dir)
-    tenant: str | None = None
-    workspace: str | None = None
-    principal: str | None = None
-    agent_id: str | None = None
-    purpose_ref: str | None = None
-    tools: tuple[str, ...] = ()  # default none: memory disabled
-    confirm: tuple[str, ...] = ()
-    model_path: Path | None = None
-    semantic: bool = True  # false: lexical channel only (no embedding model is loaded)
-    fusion: str = "convex"  # the evaluated default (eval/RESULTS.md)
-    rrf_k: int = 60
-    retention_ceiling_days: int | None = None
-    allow_retain: bool = False
-    consented_families: tuple[str, ...] = ()
-    redacted_fields: tuple[str, ...] | None = None  # None: HostPolicy's default
-    confirm_ttl_seconds: float = MAX_CONFIRM_TTL_S
-    transport: str = "stdio"
-    host: str = "127.0.0.1"
-    port: int = 8765
+    tenant: str | None = Field(default=None, description="Bound tenant.")
+    workspace: str | None = Field(default=None, description="Bound workspace.")
+    principal: str | None = Field(default=None, description="Bound principal (the human or service acting).")
+    agent_id: str | None = Field(default=None, description="Bound agent id.")
+    purpose_ref: str | None = Field(default=None, description="Bound purpose the agent must cite.")
+    # default none: memory disabled
+    tools: tuple[str, ...] = Field(
+        default=(), description="Granted tools, comma-separated: " + ",".join(ALL_TOOLS) + "."
+    )
+    confirm: tuple[str, ...] = Field(
+        default=(), description="Also confirm these through the human: " + ",".join(sorted(CONFIRMABLE)) + "."
+    )
+    confirm_ttl_seconds: float = Field(
+        default=MAX_CONFIRM_TTL_S, description=f"How long a confirmation may wait (<= {CONFIRM_TTL_S})."
+    )
+    transport: Transport = Field(default="stdio", description="stdio (default) or http.")
+    host: str = Field(default="127.0.0.1", description="HTTP bind address (loopback only).")
+    port: int = Field(default=8765, description="HTTP port.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # flag > environment > TOML file > default; no dotenv, no secrets directory.
+        return init_settings, _EnvSource(settings_cls), _TomlSource(settings_cls)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _operator_value(cls, value: Any, info: ValidationInfo) -> Any:
+        """Coerce a raw flag, environment or TOML value by the field's type, with one-line refusals."""
+        key = info.field_name or ""
+        return _coerce(key, cls.model_fields[key].annotation, value)
+
+    @model_validator(mode="after")
+    def _serve_rules(self) -> ServeSettings:
+        bad = sorted(set(self.tools) - set(ALL_TOOLS))
+        if bad:
+            raise ValueError("unknown tool(s) in tools: " + ", ".join(bad) + "; choose from " + ",".join(ALL_TOOLS))
+        bad = sorted(set(self.confirm) - CONFIRMABLE)
+        if bad:
+            raise ValueError(
+                "confirm accepts only capture,request_admission (withdraw and forget are always confirmed); got "
+                + ", ".join(bad)
+            )
+        if not 0 < self.confirm_ttl_seconds <= CONFIRM_TTL_S:
+            raise ValueError(f"confirm_ttl_seconds must be in (0, {CONFIRM_TTL_S}]")
+        if not 1 <= self.port <= 65535:
+            raise ValueError("port must be in 1..65535")
+        if self.transport == "http" and self.host not in LOOPBACK_HOSTS:
+            raise ValueError("http serves a launch-bound context: host must be a loopback address")
+        if self.purpose_ref:
+            try:
+                size = utf8_len(self.purpose_ref)
+            except CanonicalizationError:
+                raise ValueError("purpose_ref is not valid Unicode") from None
+            if size > OPAQUE_MAX_BYTES:
+                raise ValueError(f"purpose_ref must be at most {OPAQUE_MAX_BYTES} UTF-8 bytes")
+        if self.context_bound:
+            self.host_context()  # raises ConfigError on an unsafe host identifier
+        return self
 
     @property
     def context_bound(self) -> bool:
@@ -93,19 +175,6 @@ class ServeConfig:
         except ValueError as exc:  # HostContext names the offending field, never a value
             raise ConfigError(str(exc)) from None
 
-    def host_policy(self) -> HostPolicy:
-        extra: dict[str, Any] = {}
-        if self.redacted_fields is not None:
-            extra["redacted_fields"] = self.redacted_fields
-        return HostPolicy(
-            retention_ceiling_ms=None
-            if self.retention_ceiling_days is None
-            else self.retention_ceiling_days * DAY_MS,
-            allow_retain=self.allow_retain,
-            consented_families=frozenset(self.consented_families),
-            **extra,
-        )
-
     def disabled_reason(self) -> str | None:
         """Why memory is off, for the operator's log (None when it is on)."""
         if self.memory_enabled:
@@ -114,6 +183,53 @@ class ServeConfig:
         if missing:
             return "no invocation context bound (missing: " + ", ".join(missing) + ")"
         return "no tool granted (--tools)"
+
+
+ServeConfig = ServeSettings  # the historical name
+KNOWN_KEYS = frozenset(ServeSettings.model_fields)
+
+
+# ---- sources ----------------------------------------------------------------------------------
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("engram_config_file", default=None)
+
+
+@contextmanager
+def _reading(config_file: Path | None) -> Iterator[None]:
+    token = _CONFIG_FILE.set(config_file)
+    try:
+        yield
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The ``--config`` TOML file: closed keys, dashes accepted for underscores."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads the whole file at once
+
+    def __call__(self) -> dict[str, Any]:
+        path = _CONFIG_FILE.get()
+        if path is None:
+            return {}
+        data = read_config_file(path)
+        unknown = sorted(set(data) - KNOWN_KEYS)
+        if unknown:
+            raise ConfigError("unknown config key(s): " + ", ".join(unknown))
+        return data
+
+
+class _EnvSource(EnvSettingsSource):
+    """``ENGRAM_<KEY>``; booleans are spelled true/false, 1/0, yes/no or on/off."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        for key, value in data.items():
+            if isinstance(value, str) and _kind(self.settings_cls.model_fields[key].annotation) is bool:
+                word = value.strip().lower()
+                data[key] = True if word in _TRUE else False if word in _FALSE else value
+        return data
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -130,116 +246,131 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def load_config(flags: Mapping[str, Any], config_file: Path | None = None) -> ServeConfig:
-    """Merge the file's keys with the flags (a flag given as None was not given) and validate."""
-    merged: dict[str, Any] = read_config_file(config_file) if config_file is not None else {}
-    unknown = sorted(set(merged) - KNOWN_KEYS)
-    if unknown:
-        raise ConfigError("unknown config key(s): " + ", ".join(unknown))
-    merged.update({k: v for k, v in flags.items() if v is not None})
-    return _build(merged)
-
-
-def _build(raw: Mapping[str, Any]) -> ServeConfig:
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in _STR_KEYS:
-            values[key] = _string(key, value)
-        elif key in _PATH_KEYS:
-            values[key] = Path(_string(key, str(value) if isinstance(value, Path) else value)).expanduser()
-        elif key in _INT_KEYS:
-            values[key] = _integer(key, value)
-        elif key in _FLOAT_KEYS:
-            values[key] = _number(key, value)
-        elif key in _BOOL_KEYS:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{key} must be true or false")
-            values[key] = value
-        elif key in _LIST_KEYS:
-            values[key] = _string_list(key, value)
-        else:
+def load_config(flags: Mapping[str, Any], config_file: Path | None = None) -> ServeSettings:
+    """Flags (a flag given as None was not given) over ``ENGRAM_*`` over the file, validated."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    for key in given:
+        if key not in KNOWN_KEYS:
             raise ConfigError(f"unknown config key: {key}")
-    cfg = ServeConfig(**values)
-    _validate(cfg)
-    return cfg
+    try:
+        with _reading(config_file):
+            return ServeSettings(**given)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
 
 
-def _validate(cfg: ServeConfig) -> None:
-    bad = sorted(set(cfg.tools) - set(ALL_TOOLS))
-    if bad:
-        raise ConfigError("unknown tool(s) in tools: " + ", ".join(bad) + "; choose from " + ",".join(ALL_TOOLS))
-    bad = sorted(set(cfg.confirm) - CONFIRMABLE)
-    if bad:
-        raise ConfigError(
-            "confirm accepts only capture,request_admission (withdraw and forget are always confirmed); got "
-            + ", ".join(bad)
-        )
-    if cfg.fusion not in FUSIONS:
-        raise ConfigError("fusion must be one of " + ", ".join(FUSIONS))
-    if cfg.transport not in TRANSPORTS:
-        raise ConfigError("transport must be one of " + ", ".join(TRANSPORTS))
-    if cfg.rrf_k < 1:
-        raise ConfigError("rrf_k must be at least 1")
-    if cfg.retention_ceiling_days is not None and cfg.retention_ceiling_days < 1:
-        raise ConfigError("retention_ceiling_days must be at least 1")
-    if not 0 < cfg.confirm_ttl_seconds <= MAX_CONFIRM_TTL_S:
-        raise ConfigError("confirm_ttl_seconds must be in (0, 300]")
-    if not 1 <= cfg.port <= 65535:
-        raise ConfigError("port must be in 1..65535")
-    if cfg.transport == "http" and cfg.host not in LOOPBACK_HOSTS:
-        raise ConfigError("http serves a launch-bound context: host must be a loopback address")
-    if cfg.redacted_fields is not None and "record_id" in cfg.redacted_fields:
-        raise ConfigError("record_id can never be redacted")
-    if cfg.purpose_ref:
-        try:
-            size = utf8_len(cfg.purpose_ref)
-        except CanonicalizationError:
-            raise ConfigError("purpose_ref is not valid Unicode") from None
-        if size > 512:
-            raise ConfigError("purpose_ref must be at most 512 UTF-8 bytes")
-    if cfg.context_bound:
-        cfg.host_context()  # raises ConfigError on an unsafe host identifier
+def _one_line(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):
+        return str(cause)
+    key = ".".join(str(part) for part in first["loc"])
+    return f"{key}: {first['msg']}".replace("\n", " ")
+
+
+# ---- operator values, coerced by field type ---------------------------------------------------
+
+
+def _kind(annotation: Any) -> Any:
+    """The coercion class of a field: bool, int, float, Path, str, a tuple form, or the choices."""
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        (annotation,) = [a for a in args if a is not type(None)]
+        args = get_args(annotation)
+    if get_origin(annotation) is tuple:
+        return ("strs",) if args == (str, ...) else ("items",)
+    if get_origin(annotation) is Literal:
+        return args
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return tuple(m.value for m in annotation)
+    return annotation
+
+
+def _coerce(key: str, annotation: Any, value: Any) -> Any:
+    if value is None:
+        return None  # an optional option left unset
+    kind = _kind(annotation)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false")
+        return value
+    if kind is int:
+        return _integer(key, value)
+    if kind is float:
+        return _number(key, value)
+    if kind is Path:
+        return Path(_string(key, str(value) if isinstance(value, Path) else value)).expanduser()
+    if kind is str:
+        return _string(key, value)
+    if kind == ("strs",):
+        return _string_list(key, value)
+    if kind == ("items",):
+        return _items(key, value)
+    if isinstance(kind, tuple):  # a closed choice (Literal or enum)
+        text = _string(key, value.value if isinstance(value, Enum) else value)
+        if text not in kind:
+            raise ValueError(f"{key} must be one of " + ", ".join(kind))
+        return text
+    return value
 
 
 def _string(key: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ConfigError(f"{key} must be a string")
+        raise ValueError(f"{key} must be a string")
     try:
         return nfc(value.strip()) if key != "purpose_ref" else nfc(value)
     except CanonicalizationError:
-        raise ConfigError(f"{key} is not valid Unicode") from None
+        raise ValueError(f"{key} is not valid Unicode") from None
 
 
 def _integer(key: str, value: Any) -> int:
     if isinstance(value, bool):
-        raise ConfigError(f"{key} must be an integer")
+        raise ValueError(f"{key} must be an integer")
     if isinstance(value, str):
         try:
             return int(value.strip())
         except ValueError:
-            raise ConfigError(f"{key} must be an integer") from None
+            raise ValueError(f"{key} must be an integer") from None
     if not isinstance(value, int):
-        raise ConfigError(f"{key} must be an integer")
+        raise ValueError(f"{key} must be an integer")
     return value
 
 
 def _number(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{key} must be a number")
+        raise ValueError(f"{key} must be a number")
     try:
         return float(value)
     except ValueError:
-        raise ConfigError(f"{key} must be a number") from None
+        raise ValueError(f"{key} must be a number") from None
+
+
+def _items(key: str, value: Any) -> tuple[Any, ...]:
+    """A TOML array, a JSON array or one comma-separated string; the field's type checks the items."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError(f"{key} is not a valid JSON array") from None
+        else:
+            value = [item.strip() for item in text.split(",") if item.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{key} must be a list or a comma-separated string")
+    return tuple(value)
 
 
 def _string_list(key: str, value: Any) -> tuple[str, ...]:
-    """A TOML array of strings, or one comma-separated string (the flag form)."""
+    """A TOML or JSON array of strings, or one comma-separated string (the flag form)."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        value = _items(key, value)
     if isinstance(value, str):
         items = value.split(",")
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         items = list(value)
     else:
-        raise ConfigError(f"{key} must be a list of strings or a comma-separated string")
+        raise ValueError(f"{key} must be a list of strings or a comma-separated string")
     out: list[str] = []
     for item in (i.strip() for i in items):
         if item and item not in out:

@@ -23,15 +23,14 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from models.canonical import CanonicalizationError, nfc
-from models.context import HostContext
-from models.envelope import failure, success
-from models.errors import EngramError, ProtocolError, context_unavailable, unknown_tool
-from models.outputs import validate_output
-from models.tools import parse_input
-from server.gate import Approval, ConfirmationGate, GateFailed
-from server.tools import MUTATING, ToolRegistry
-from store.engine import AuditEvent, Engine
+from engram_memory.models.canonical import CanonicalizationError, nfc
+from engram_memory.models.context import HostContext
+from engram_memory.models.envelope import failure, success
+from engram_memory.models.errors import EngramError, ProtocolError, context_unavailable, unknown_tool
+from engram_memory.models.tools import parse_input, to_plain
+from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
+from engram_memory.server.tools import MUTATING, ToolRegistry
+from engram_memory.store.engine import AuditEvent, Engine
 
 log = logging.getLogger("engram_memory.server")
 
@@ -152,10 +151,12 @@ class Dispatcher:
                 if approval is not None:
                     approval.ensure_fresh(self.gate.clock())
                 engine_started = True
-                return getattr(engine, tool)(host, model)
+                # The engine returns the tool's output value model (validated on the way out);
+                # the wire carries its plain JSON form.
+                return to_plain(getattr(engine, tool)(host, model))
 
             value = await anyio.to_thread.run_sync(run)
-            envelope = self._checked_success(tool, value, audit_id)
+            envelope = success(value, audit_id)
         except ProtocolError as exc:
             raise to_mcp_error(exc) from None
         except MCPError:
@@ -173,21 +174,6 @@ class Dispatcher:
 
         await self._audit(host, audit_id, tool, envelope, model)
         return envelope_result(envelope)
-
-    @staticmethod
-    def _checked_success(tool: str, value: dict[str, Any], audit_id: str) -> dict[str, Any]:
-        """The engine's value must match the published output schema before it leaves.
-
-        A mismatch is our defect, not the caller's: a mutation may have committed, so it is
-        MUTATION_OUTCOME_UNKNOWN (retry with the same key replays it); a read is unavailable.
-        """
-        try:
-            validate_output(tool, value)
-        except Exception:
-            code = "MUTATION_OUTCOME_UNKNOWN" if tool in MUTATING else "CAPABILITY_UNAVAILABLE"
-            log.exception("%s %s: engine output failed the output schema", tool, audit_id)
-            return failure(code, audit_id)
-        return success(value, audit_id)
 
     async def _audit(
         self, host: HostContext, audit_id: str, tool: str, envelope: dict[str, Any], model: Any

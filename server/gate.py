@@ -36,12 +36,13 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from models.canonical import canonical_bytes
-from models.context import ALWAYS_CONFIRMED, TOOL_PREFIX, HostContext
-from models.digests import receipt_digest
-from models.errors import context_unavailable
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.context import ALWAYS_CONFIRMED, TOOL_PREFIX, HostContext
+from engram_memory.models.digests import receipt_digest
+from engram_memory.models.errors import context_unavailable
+from engram_memory.models.limits import CONFIRM_TTL_S, EXECUTION_WINDOW_S, SECOND_MS
 
-EXECUTION_WINDOW_S = 30.0  # the engine call must start within 30 s of the approval
+# The engine call must start within EXECUTION_WINDOW_S of the approval (models/limits.py).
 INPUT_KEY = "confirm"
 
 CONFIRM_SCHEMA: dict[str, Any] = {
@@ -76,7 +77,7 @@ class Approval:
 
     def ensure_fresh(self, now: float) -> None:
         if now - self.approved_at > EXECUTION_WINDOW_S:
-            raise GateFailed("execution window of 30 s after approval elapsed")
+            raise GateFailed(f"execution window of {EXECUTION_WINDOW_S} s after approval elapsed")
 
 
 def _target(arguments: Mapping[str, Any]) -> str | None:
@@ -138,12 +139,12 @@ class ConfirmationGate:
     def __init__(
         self,
         confirm: frozenset[str],
-        ttl_s: float = 300.0,
+        ttl_s: float = CONFIRM_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.gated = ALWAYS_CONFIRMED | confirm
-        self.ttl_s = min(ttl_s, 300.0)
+        self.ttl_s = float(min(ttl_s, CONFIRM_TTL_S))
         self.clock = clock
         self._wall_ms = wall_ms
         # Per process: a restart invalidates outstanding request_state, which fails closed.
@@ -214,10 +215,10 @@ class ConfirmationGate:
         if claims.get("binding") != binding:
             raise GateFailed("request_state bound to another operation")
         issued = claims.get("iat")
-        if not isinstance(issued, int) or not 0 <= now - issued <= self.ttl_s * 1000:
+        if not isinstance(issued, int) or not 0 <= now - issued <= self.ttl_s * SECOND_MS:
             raise GateFailed("confirmation expired")
         nonce = str(claims.get("nonce"))
-        self._used = {n: t for n, t in self._used.items() if now - t <= self.ttl_s * 1000}
+        self._used = {n: t for n, t in self._used.items() if now - t <= self.ttl_s * SECOND_MS}
         if nonce in self._used:
             raise GateFailed("confirmation already used")
         self._used[nonce] = issued

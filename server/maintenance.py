@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from models.context import HostContext
+from engram_memory.models.context import HostContext
 
 
 def rebuild_index_cmd(
@@ -21,9 +21,9 @@ def rebuild_index_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Rebuild the search projections (Tantivy + vectors) from DuckDB; refuses while a server runs."""
-    from server.config import default_data_dir
-    from store.db import StoreBusyError
-    from store.rebuild import rebuild_index
+    from engram_memory.server.config import default_data_dir
+    from engram_memory.store.db import StoreBusyError
+    from engram_memory.store.rebuild import rebuild_index
 
     scope_ref = None
     if tenant or workspace:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import mcp_types as types
 
-from models.context import ALL_TOOLS, ALWAYS_CONFIRMED, TOOL_PREFIX
-from models.schema import input_schema, output_schema
+from engram_memory.models.context import ALL_TOOLS, ALWAYS_CONFIRMED, TOOL_PREFIX
+from engram_memory.models.limits import IDEMPOTENCY_KEY_MAX_BYTES, IDEMPOTENCY_KEY_MIN_BYTES
+from engram_memory.models.schema import input_schema, output_schema
 
 # Said once, appended to every description: how to read a result.
 _RESULT_RULES = (
@@ -21,7 +22,8 @@ _RESULT_RULES = (
     " stop and report to the host operator."
 )
 _MUTATION_RULES = (
-    " One idempotency_key (16..256 bytes) per logical operation: retrying with the same key and"
+    f" One idempotency_key ({IDEMPOTENCY_KEY_MIN_BYTES}..{IDEMPOTENCY_KEY_MAX_BYTES} bytes) per logical operation:"
+    " retrying with the same key and"
     " identical arguments is a safe replay; reusing it for anything else is DIGEST_CONFLICT."
     " MUTATION_OUTCOME_UNKNOWN: it may have been applied; retry with the same key until definitive."
 )

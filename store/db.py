@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import Any
 
 import duckdb
 
-from models.canonical import canonical_text
-from models.digests import ZERO_DIGEST, receipt_digest
-from store.schema import migrate
+from engram_memory.models.canonical import canonical_text
+from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
+from engram_memory.store.schema import migrate
 
 
 class StoreBusyError(RuntimeError):
@@ -48,6 +49,7 @@ class Database:
         # Each scope's (high_water, last_event_hash). This process is the only writer (flock),
         # so the cache is exact; an aborted transaction drops it, the next use re-reads it.
         self._heads: dict[str, tuple[int, str]] = {}
+        self._readers = threading.local()
 
     def close(self) -> None:
         try:
@@ -144,3 +146,16 @@ class Database:
                 return False
             previous, expected = event_hash, expected + 1
         return True
+
+    # -- concurrent reads ----------------------------------------------------------------
+
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """This thread's read connection (a DuckDB cursor on the same database).
+
+        One DuckDB connection must not be used by two threads at once; reads run concurrently
+        under the engine's read lock, each on its own cursor, and see only committed state."""
+        local = self._readers
+        con = getattr(local, "con", None)
+        if con is None:
+            con = local.con = self.con.cursor()
+        return con

@@ -1,8 +1,11 @@
-"""The engine facade: the six operations over DuckDB and the projections (no MCP here).
+"""The engine: the six operations over DuckDB and the projections, as one typed API (no MCP here).
 
-Data flows one way: validated input -> lifecycle (one DuckDB transaction) -> projections
--> value. Every public method is serialised by one lock: DuckDB has a single writer and
-Tantivy a single index writer, and it keeps journal cursors dense.
+Each operation takes the validated input model of its tool (models/tools.py) and returns the
+tool's output value model (models/outputs.py). Writes flow validated input -> lifecycle (one
+DuckDB transaction) -> scope views and projections, serialised by the write side of one
+readers-writer lock (DuckDB has a single writer, Tantivy a single index writer, and it keeps
+journal cursors dense). Reads (store/reads.py) run together under its read side; the query is
+embedded before the lock is taken.
 """
 
 from __future__ import annotations
@@ -10,44 +13,52 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
-from models.context import HostContext, HostPolicy
-from models.digests import receipt_digest
-from retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
-from retrieval.projections import DEFAULT_HNSW_THRESHOLD, Projections
-from retrieval.ranking import FusionConfig
-from store.crypto import KeyStore, open_sealed, seal
-from store.db import Database, StoreBusyError
-from store.lifecycle import Lifecycle, lexical_fields, record_context
-from store.timeutil import default_clock, to_instant
+from engram_memory.models.context import HostContext
+from engram_memory.models.digests import receipt_digest
+from engram_memory.models.errors import EngramError
+from engram_memory.models.outputs import (
+    CaptureValue,
+    ForgetValue,
+    GetValue,
+    RequestAdmissionValue,
+    SearchValue,
+    WithdrawValue,
+)
+from engram_memory.models.settings import EngineSettings
+from engram_memory.models.states import RecordState
+from engram_memory.models.tools import (
+    CaptureInput,
+    Closed,
+    ForgetInput,
+    GetInput,
+    RequestAdmissionInput,
+    SearchInput,
+    WithdrawInput,
+    to_plain,
+)
+from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
+from engram_memory.retrieval.projections import Projections
+from engram_memory.retrieval.ranking import FusionConfig
+from engram_memory.store.crypto import KeyStore, open_sealed, seal
+from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.lifecycle import Lifecycle, lexical_fields, record_context
+from engram_memory.store.live import ScopeView, ScopeViews, Window
+from engram_memory.store.reads import ReadPath, SearchPlan
+from engram_memory.store.rwlock import RWLock
+from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_instant
 
-__all__ = ["AuditEvent", "Engine", "EngineConfig", "StoreBusyError"]
+__all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
 log = logging.getLogger("engram.engine")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    data_dir: Path
-    policy: HostPolicy = field(default_factory=HostPolicy)
-    model_path: Path | None = None  # None: the packaged model
-    semantic: bool = True  # load the embedding model in the background
-    fusion: str = "convex"  # convex | rrf | dbsf; convex 0.5/0.5 won the evaluation (eval/RESULTS.md)
-    rrf_k: int = 60
-    fusion_weights: tuple[float, float] = (0.5, 0.5)  # lexical, semantic (score-based fusion)
-    hnsw_threshold: int = DEFAULT_HNSW_THRESHOLD
-    lexical: LexicalConfig = REFERENCE_PROFILE  # per-field BM25 boosts
-    # Which channels rank. Hosts keep both; the evaluation harness restricts it to score
-    # each channel on its own through the same search path.
-    channels: tuple[str, ...] = ("lexical", "semantic")
-    clock: Callable[[], int] | None = None  # epoch milliseconds; None: wall clock
+V = TypeVar("V", bound=Closed)
+CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 
 
 @dataclass(frozen=True)
@@ -64,21 +75,24 @@ def embedding_text(record: dict[str, Any]) -> str:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, db: Database) -> None:
-        self.config = config
+    def __init__(self, settings: EngineSettings, db: Database, *, clock: Clock | None = None,
+                 lexical: LexicalConfig = REFERENCE_PROFILE) -> None:
+        config = self.config = settings
         self.db = db
-        self.clock = config.clock or default_clock()
+        self.clock = clock or default_clock()
         self.keys = KeyStore(config.data_dir)
-        self.lifecycle = Lifecycle(db, self.keys, config.policy)
+        self.policy = config.host_policy()
+        self.lifecycle = Lifecycle(db, self.keys, self.policy)
         self.fusion = FusionConfig(
             method=config.fusion,
             k=config.rrf_k,
             weights={"lexical": config.fusion_weights[0], "semantic": config.fusion_weights[1]},
         )
         self.projections = Projections(
-            config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=config.lexical
+            config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=lexical
         )
-        self.lock = threading.RLock()
+        self._rw = RWLock()
+        self._views = ScopeViews()
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self._stale: set[str] = set()
         self._closed = False
@@ -86,21 +100,37 @@ class Engine:
         self._semantic_settled = threading.Event()  # ready, or given up (model missing/broken)
         self.embedder = None
         if config.semantic:
-            from retrieval.embedder import shared_embedder
+            from engram_memory.retrieval.embedder import shared_embedder
 
             self.embedder = shared_embedder(config.model_path)
             self.embedder.start()
+        self._reads = ReadPath(
+            projections=self.projections,
+            fusion=self.fusion,
+            policy=self.policy,
+            channels=tuple(config.channels),
+            model_identity=self._model_identity,
+            view=self._view,
+            load_page=self._load_page,
+            server_secret=self.keys.server_secret,
+            cache=self._views,
+        )
 
     @classmethod
-    def open(cls, config: EngineConfig) -> Engine:
-        """Open (or create) a data directory; raises StoreBusyError if another process owns it."""
-        engine = cls(config, Database(config.data_dir))
+    def open(cls, settings: EngineSettings, *, clock: Clock | None = None,
+             lexical: LexicalConfig = REFERENCE_PROFILE) -> Engine:
+        """Open (or create) a data directory; raises StoreBusyError if another process owns it.
+
+        ``clock`` (epoch ms; default the wall clock or ENGRAM_CLOCK_MS) and ``lexical`` (per-field
+        BM25 boosts) are run-time choices of tests and the evaluation harness, not settings."""
+        engine = cls(settings, Database(settings.data_dir), clock=clock, lexical=lexical)
         engine.recover()
         return engine
 
     def close(self) -> None:
-        with self.lock:
+        with self._rw.write():
             self._closed = True
+            self._views.clear()
             self.projections.close()
             self.db.close()
 
@@ -108,7 +138,7 @@ class Engine:
 
     def recover(self) -> None:
         """Converge after a crash: sweep keys no row references, bring projections up to date."""
-        with self.lock:
+        with self._rw.write():
             referenced = {
                 r[0]
                 for r in self.db.all(
@@ -127,11 +157,23 @@ class Engine:
         if self.embedder is not None:
             threading.Thread(target=self._semantic_loader, name="engram-semantic", daemon=True).start()
 
-    # -- projections ---------------------------------------------------------------------
+    # -- what maintenance and evaluation read (public, no SQL outside store/) -------------
 
-    def _live_records(self, scope_ref: str) -> list[dict[str, Any]]:
+    def scopes(self) -> list[str]:
+        return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
+
+    def projection_cursor(self, scope_ref: str) -> int:
+        """The journal cursor the scope's projections must reflect (0 for an unknown scope)."""
+        return self.db.projection_cursor(scope_ref)
+
+    def candidate_count(self, scope_ref: str) -> int:
+        row = self.db.one("SELECT count(*) FROM candidates WHERE scope_ref = ?", [scope_ref])
+        return int(row[0]) if row else 0
+
+    def live_records(self, scope_ref: str) -> list[dict[str, Any]]:
+        """Every current record of a scope, decrypted, in record_id order."""
         rows = self.db.all(
-            "SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = 'accepted_current'"
+            f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = '{CURRENT}'"
             " ORDER BY record_id",
             [scope_ref],
         )
@@ -142,12 +184,13 @@ class Engine:
                 out.append(record)
         return out
 
-    def _stored_vectors(self, scope_ref: str) -> tuple[list[str], np.ndarray] | None:
+    def stored_vectors(self, scope_ref: str) -> tuple[list[str], np.ndarray] | None:
+        """The current records' stored embeddings for the loaded model (None: no semantic channel)."""
         if self.embedder is None:
             return None
         rows = self.db.all(
             "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
-            " WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = 'accepted_current' ORDER BY e.record_id",
+            f" WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = '{CURRENT}' ORDER BY e.record_id",
             [scope_ref, self.embedder.model_digest],
         )
         ids, vecs = [], []
@@ -159,15 +202,27 @@ class Engine:
             vecs.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
         return (ids, np.vstack(vecs)) if ids else (ids, np.zeros((0, self.projections.dim), np.float32))
 
+    def embedding_count(self, record_id: str | None = None) -> int:
+        """Stored embeddings (of one record, or of the whole store)."""
+        if record_id is None:
+            row = self.db.one("SELECT count(*) FROM embeddings")
+        else:
+            row = self.db.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [record_id])
+        return int(row[0]) if row else 0
+
     def rebuild_scope(self, scope_ref: str) -> None:
-        with self.lock:
-            records = self._live_records(scope_ref)
+        with self._rw.write():
+            records = self.live_records(scope_ref)
             docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
-            self.projections.rebuild(scope_ref, docs, self._stored_vectors(scope_ref),
+            self.projections.rebuild(scope_ref, docs, self.stored_vectors(scope_ref),
                                      self.db.projection_cursor(scope_ref))
 
-    def scopes(self) -> list[str]:
-        return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
+    # -- semantic channel ----------------------------------------------------------------
+
+    def _model_identity(self) -> tuple[str | None, str | None]:
+        if self.embedder is None:
+            return None, None
+        return self.embedder.model_id, self.embedder.model_digest
 
     def _embed_and_store(self, scope_ref: str, records: list[dict[str, Any]], cursor: int,
                          vectors: np.ndarray | None = None) -> None:
@@ -184,7 +239,7 @@ class Engine:
             # Two statements per chunk, not two per record: DuckDB costs ~1 ms a statement.
             live = con.execute(
                 "SELECT record_id, key_ref FROM records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))"
-                " AND state = 'accepted_current' AND key_ref IS NOT NULL ORDER BY record_id",
+                f" AND state = '{CURRENT}' AND key_ref IS NOT NULL ORDER BY record_id",
                 [list(by_id)],
             ).fetchall()
             for rid, key_ref in live:
@@ -211,7 +266,7 @@ class Engine:
         assert self.embedder is not None
         for scope_ref in self.scopes():
             missing = self.db.all(
-                "SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = 'accepted_current'"
+                f"SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = '{CURRENT}'"
                 " AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id"
                 " AND e.model_digest = ?) ORDER BY record_id LIMIT ?",
                 [scope_ref, self.embedder.model_digest, limit],
@@ -237,13 +292,13 @@ class Engine:
             log.warning("embedding model unavailable; the semantic channel stays off")
             return
         try:
-            with self.lock:
+            with self._rw.write():
                 if self._closed:
                     return
                 for scope_ref in self.scopes():
                     self._repair_vectors(scope_ref)
             while True:
-                with self.lock:
+                with self._rw.write():
                     if self._closed:
                         return
                     todo = self._missing_embeddings(self.BACKFILL_CHUNK)
@@ -252,7 +307,7 @@ class Engine:
                         return
                 scope_ref, records = todo
                 vectors = self.embedder.encode([embedding_text(r) for r in records])
-                with self.lock:
+                with self._rw.write():
                     if self._closed:
                         return
                     self._embed_and_store(scope_ref, records, self.db.projection_cursor(scope_ref), vectors)
@@ -266,15 +321,16 @@ class Engine:
         they may lack the last admissions: those are re-added. A projection holding a vector
         DuckDB no longer has (a purge that did not finish) is rebuilt, which purges it."""
         assert self.embedder is not None
-        stored_count = self.db.one(
+        row = self.db.one(
             "SELECT count(*) FROM embeddings e JOIN records r USING (record_id)"
-            " WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = 'accepted_current'",
+            f" WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = '{CURRENT}'",
             [scope_ref, self.embedder.model_digest],
-        )[0]
+        )
+        stored_count = int(row[0]) if row else 0
         index = self.projections.vectors(scope_ref)
         if index.count() == stored_count:
             return
-        stored = self._stored_vectors(scope_ref)
+        stored = self.stored_vectors(scope_ref)
         assert stored is not None
         ids, mat = stored
         missing = [i for i, rid in enumerate(ids) if not index.contains(rid)]
@@ -296,36 +352,107 @@ class Engine:
         self._semantic_settled.wait(timeout)
         return self._semantic_done.is_set()
 
+    # -- scope views (eligibility without a query; store/live.py) -------------------------
+
+    def _load_view(self, scope_ref: str) -> ScopeView:
+        rows = self.db.all(
+            "SELECT record_id, valid_t, valid_t_end, expires_at_ms FROM records"
+            f" WHERE scope_ref = ? AND state = '{CURRENT}'",
+            [scope_ref],
+        )
+        view = ScopeView(
+            projection_cursor=self.db.projection_cursor(scope_ref),
+            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp)) for rid, t, t_end, exp in rows},
+        )
+        self._views.put(scope_ref, view)
+        return view
+
+    def _view(self, scope_ref: str) -> ScopeView:
+        view = self._views.get(scope_ref)
+        return view if view is not None else self._load_view(scope_ref)
+
+    def _load_page(self, scope_ref: str, record_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Decrypt the records of one page: from the cache, the rest with a single query."""
+        found = self._views.cached(record_ids)
+        missing = [rid for rid in record_ids if rid not in found]
+        if missing:
+            rows = self.db.reader().execute(
+                "SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND body IS NOT NULL"
+                " AND record_id IN (SELECT unnest(?::VARCHAR[]))",
+                [scope_ref, missing],
+            ).fetchall()
+            loaded = {rid: self.lifecycle.load_record(rid, key_ref, body) for rid, key_ref, body in rows}
+            fresh = {rid: record for rid, record in loaded.items() if record is not None}
+            self._views.remember(fresh)
+            found.update(fresh)
+        return found
+
+    def _prepare_read(self, scope_ref: str, now: int) -> None:
+        """Before a read: rebuild a stale scope, load its view, run a due expiry sweep (writes)."""
+        if scope_ref not in self._stale and self._views.get(scope_ref) is not None \
+                and not self._views.expiry_due(scope_ref, now):
+            return
+        with self._rw.write():
+            self._fresh(scope_ref)
+            self._view(scope_ref)
+            if self._views.expiry_due(scope_ref, now):
+                self._expire(scope_ref, now)
+
+    def _expire(self, scope_ref: str, now: int) -> None:
+        expired = self.lifecycle.expire_due(scope_ref, now)
+        cursor = self.db.projection_cursor(scope_ref)
+        if expired:
+            self._views.removed(scope_ref, expired, cursor)
+            self.projections.remove(scope_ref, expired, cursor)
+
     def _fresh(self, scope_ref: str) -> None:
         """Rebuild a scope whose projections lag the journal (crash, failed purge) before use."""
         if scope_ref in self._stale:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
 
+    @contextmanager
+    def _writing(self, scope_ref: str) -> Iterator[None]:
+        """The write side; a failure drops the scope's view so the next read reloads it."""
+        with self._rw.write():
+            try:
+                yield
+            except BaseException:
+                self._views.drop(scope_ref)
+                raise
+
     # -- the six operations --------------------------------------------------------------
 
-    def capture(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        with self.lock:
-            return self.lifecycle.capture(ctx, _plain(args), self.clock())
+    def capture(self, ctx: HostContext, args: CaptureInput) -> CaptureValue:
+        with self._writing(ctx.scope_ref):
+            return CaptureValue.model_validate(self.lifecycle.capture(ctx, to_plain(args), self.clock()))
 
-    def request_admission(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        with self.lock:
+    def request_admission(self, ctx: HostContext, args: RequestAdmissionInput) -> RequestAdmissionValue:
+        with self._writing(ctx.scope_ref):
             self._fresh(ctx.scope_ref)
-            value, admitted = self.lifecycle.request_admission(ctx, _plain(args), self.clock())
+            value, admitted = self.lifecycle.request_admission(ctx, to_plain(args), self.clock())
             if admitted is not None:
+                record = admitted.record
+                expires = record["retention"].get("expires_at")
+                self._views.admitted(
+                    admitted.scope_ref, record["record_id"],
+                    Window(record["valid_time"]["t"], record["valid_time"].get("t_end"),
+                           from_instant(expires) if expires else None),
+                    admitted.cursor,
+                )
                 if self._batch is not None:
                     records = self._batch.get(admitted.scope_ref, ([], 0))[0]
-                    records.append(admitted.record)
+                    records.append(record)
                     self._batch[admitted.scope_ref] = (records, admitted.cursor)
                 else:
-                    self._project_admitted(admitted.scope_ref, [admitted.record], admitted.cursor)
-            return value
+                    self._project_admitted(admitted.scope_ref, [record], admitted.cursor)
+            return RequestAdmissionValue.model_validate(value)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Bulk ingestion (eval, imports): each mutation is still its own transaction, but the
         projection updates of admitted records are applied once, together, at the end."""
-        with self.lock:
+        with self._rw.write():
             self._batch = {}
             try:
                 yield
@@ -341,24 +468,25 @@ class Engine:
             for start in range(0, len(records), 256):
                 self._embed_and_store(scope_ref, records[start:start + 256], cursor)
 
-    def withdraw(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        with self.lock:
-            return self.lifecycle.withdraw(ctx, _plain(args), self.clock())
+    def withdraw(self, ctx: HostContext, args: WithdrawInput) -> WithdrawValue:
+        with self._writing(ctx.scope_ref):
+            return WithdrawValue.model_validate(self.lifecycle.withdraw(ctx, to_plain(args), self.clock()))
 
-    def forget(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        with self.lock:
+    def forget(self, ctx: HostContext, args: ForgetInput) -> ForgetValue:
+        with self._writing(ctx.scope_ref):
             self._fresh(ctx.scope_ref)
-            plain = _plain(args)
+            plain = to_plain(args)
             value, rid = self.lifecycle.forget(ctx, plain, self.clock())
             if rid is None:
-                return value  # replay: the first answer, byte for byte
+                return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
+            self._views.removed(ctx.scope_ref, [rid], cursor)
             try:
                 self.projections.remove(ctx.scope_ref, [rid], cursor)
             except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
                 log.exception("projection purge failed; invalidation stays pending")
                 self._stale.add(ctx.scope_ref)
-                return value
+                return ForgetValue.model_validate(value)
             coverage = receipt_digest(
                 "projection-invalidation",
                 {
@@ -370,21 +498,29 @@ class Engine:
                     "complete": True,
                 },
             )
-            return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, coverage)
+            done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, coverage)
+            return ForgetValue.model_validate(done)
 
-    def get(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        from retrieval.search import get_record
+    def get(self, ctx: HostContext, args: GetInput) -> GetValue:
+        now = self.clock()
+        self._prepare_read(ctx.scope_ref, now)
+        with self._rw.read():
+            return GetValue.model_validate(self._reads.get(ctx, to_plain(args), now))
 
-        with self.lock:
-            self._fresh(ctx.scope_ref)
-            return get_record(self, ctx, _plain(args))
-
-    def search(self, ctx: HostContext, args: Any) -> dict[str, Any]:
-        from retrieval.search import search
-
-        with self.lock:
-            self._fresh(ctx.scope_ref)
-            return search(self, ctx, _plain(args))
+    def search(self, ctx: HostContext, args: SearchInput) -> SearchValue:
+        now = self.clock()
+        self._prepare_read(ctx.scope_ref, now)
+        # A host that ranks without the semantic channel never switches profile mid-paging.
+        semantic = "semantic" in self.config.channels and self.semantic_ready()
+        if args.capability_policy.minimum_channels == "lexical_and_semantic" and not semantic:
+            raise EngramError("RANKING_UNAVAILABLE")  # never a silent fallback
+        query_vector = None
+        if semantic:
+            assert self.embedder is not None
+            query_vector = self.embedder.encode([args.query])[0]  # outside the lock: reads overlap it
+        with self._rw.read():
+            value = self._reads.search(ctx, to_plain(args), now, SearchPlan(semantic, query_vector))
+        return SearchValue.model_validate(value)
 
     # -- audit ---------------------------------------------------------------------------
 
@@ -392,17 +528,14 @@ class Engine:
         idk = None
         if event.idempotency_key is not None:
             idk = "idk_" + hashlib.sha256(event.idempotency_key.encode("utf-8")).hexdigest()[:12]
-        with self.lock:
-            self.db.con.execute(
-                "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
-                 ctx.session, event.tool, event.ok, event.code, idk],
-            )
+        # On this thread's own connection, outside the engine lock: an audit row of a read
+        # must not queue behind writes or stop other reads (appends to audit never conflict).
+        self.db.reader().execute(
+            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
+             ctx.session, event.tool, event.ok, event.code, idk],
+        )
 
 
-def _plain(args: Any) -> dict[str, Any]:
-    if isinstance(args, dict):
-        return args
-    from models.tools import to_plain
-
-    return to_plain(args)
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -8,11 +8,11 @@ from typing import Any
 
 import duckdb
 
-from models.canonical import canonical_text, nfc
-from models.context import HostContext
-from models.digests import receipt_digest
-from models.errors import EngramError
-from store.db import Database
+from engram_memory.models.canonical import canonical_text, nfc
+from engram_memory.models.context import HostContext
+from engram_memory.models.digests import receipt_digest
+from engram_memory.models.errors import EngramError
+from engram_memory.store.db import Database
 
 
 def key_digest(idempotency_key: str) -> str:

@@ -11,47 +11,36 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from models.canonical import canonical_bytes, canonical_text
-from models.context import HostContext, HostPolicy
-from models.digests import (
-    DOMAIN_PREFIX,
-    digest,
+from engram_memory.models.canonical import canonical_bytes, canonical_text
+from engram_memory.models.context import HostContext, HostPolicy
+from engram_memory.models.digests import candidate_id as derive_candidate_id
+from engram_memory.models.digests import (
     payload_digest,
     receipt_digest,
     record_digest,
     record_id_from_digest,
 )
-from models.digests import candidate_id as derive_candidate_id
-from models.errors import EngramError
-from store import ledger
-from store.crypto import KeyStore, open_sealed, seal
-from store.db import Database
-from store.policy import DefaultAdmissionPolicy
-from store.timeutil import from_instant, to_instant
+from engram_memory.models.errors import EngramError
+from engram_memory.models.states import (
+    CANDIDATE_ROW_STATE,
+    EXPIRABLE,
+    INITIAL_STATE,
+    CandidateState,
+    Operation,
+    RecordState,
+    admission_step,
+    next_state,
+)
+from engram_memory.store import ledger
+from engram_memory.store.authz import authorization_receipt
+from engram_memory.store.crypto import KeyStore, open_sealed, seal
+from engram_memory.store.db import Database
+from engram_memory.store.policy import DefaultAdmissionPolicy
+from engram_memory.store.timeutil import from_instant, to_instant
 
-AUTHZ_POLICY_VERSION = "engram-memory:launch-bound:v1"
 ASSERTED_VERIFIER = "graphify-memory:asserted"
-EXPIRABLE_STATES_SQL = "state IN ('accepted_current', 'accepted_disputed', 'historical')"
-NON_TERMINAL_RECORD_STATES = ("accepted_current", "accepted_disputed", "historical", "expired", "trust_invalid")
-
-
-def authorization_receipt(ctx: HostContext, operation: str, resource: dict[str, Any]) -> str:
-    """The launch-bound host's allow receipt: deterministic, binds scope, principal and agent."""
-    resource_digest = digest(
-        f"{DOMAIN_PREFIX}/authorization-resource/v1\0", {"operation": operation, "resource": resource}
-    )
-    return receipt_digest(
-        "authorization-allowed",
-        {
-            "allowed": True,
-            "operation": operation,
-            "resource_digest": resource_digest,
-            "scope_ref": ctx.scope_ref,
-            "principal": ctx.principal,
-            "agent_id": ctx.agent_id,
-            "policy_version": AUTHZ_POLICY_VERSION,
-        },
-    )
+EXPIRABLE_STATES_SQL = "state IN (" + ", ".join(f"'{s}'" for s in EXPIRABLE) + ")"
+CURRENT = RecordState.ACCEPTED_CURRENT
 
 
 def pending_context(candidate_id: str) -> bytes:
@@ -173,14 +162,14 @@ class Lifecycle:
                     "recorded_at": recorded_at,
                     "operation": "capture",
                     "candidate_id": cid,
-                    "to_state": "pending",
+                    "to_state": INITIAL_STATE.value,
                     "authorization_receipt_digest": auth,
                 },
             )
             con.execute(
-                "INSERT INTO candidates VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, NULL)",
-                [cid, ctx.scope_ref, ctx.principal, cursor, recorded_at, pd, record["record_digest"], key_ref,
-                 seal(dek, envelope, pending_context(cid))],
+                "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                [cid, ctx.scope_ref, ctx.principal, INITIAL_STATE.value, cursor, recorded_at, pd,
+                 record["record_digest"], key_ref, seal(dek, envelope, pending_context(cid))],
             )
             value = {
                 "status": "committed_pending",
@@ -226,10 +215,10 @@ class Lifecycle:
         if replay is not None:
             return {**replay, "replayed": True}, None
         row = self._candidate(ctx, cid)
-        if row is None or row[0] == "withdrawn":
+        if row is None:
             raise EngramError("NOT_FOUND")
         state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
-        if state in ("accepted", "rejected"):
+        if admission_step(state) == "duplicate_exact":  # a withdrawn candidate is NOT_FOUND
             # Decided earlier under another key: the same decision, marked as a duplicate.
             return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
         dek = self.keys.load(key_ref) if key_ref else None
@@ -273,15 +262,17 @@ class Lifecycle:
 
         auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
         accepted = decision == "accept"
+        operation = Operation.ACCEPT if accepted else Operation.REJECT
+        to_state = next_state(operation, CandidateState.PENDING).value
         admitted: AdmittedRecord | None = None
         record_key = self.keys.create() if accepted else None
         with self.db.transaction() as con:
             event_body: dict[str, Any] = {
                 "event_id": "admission:" + cid,
                 "recorded_at": record["recorded_at"],
-                "operation": "accept" if accepted else "reject",
+                "operation": operation.value,
                 "candidate_id": cid,
-                "to_state": "accepted_current" if accepted else "rejected",
+                "to_state": to_state,
                 "authorization_receipt_digest": auth,
                 "admission_decision": envelope,
             }
@@ -292,7 +283,7 @@ class Lifecycle:
             event = self.db.append_event(con, ctx.scope_ref, event_body, advance_projection=accepted)
             cursor = int(event["cursor"])
             outcome_value: dict[str, Any] = {
-                "status": "accepted" if accepted else "rejected",
+                "status": CANDIDATE_ROW_STATE[operation].value,
                 "candidate_id": cid,
                 "cursor": str(cursor),
                 "decision_receipt_digest": decision_digest,
@@ -308,9 +299,9 @@ class Lifecycle:
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
                 con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, 'accepted_current', ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [record["record_id"], ctx.scope_ref, cid, record["record_digest"], record["payload_digest"],
-                     int(created_cursor), valid["t"], valid.get("t_end"),
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [record["record_id"], ctx.scope_ref, cid, to_state, record["record_digest"],
+                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                      from_instant(expires) if expires else None, rkey_ref,
                      seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
                 )
@@ -321,7 +312,7 @@ class Lifecycle:
                     self._next_expiry[ctx.scope_ref] = ms if known is None else min(known, ms)
             con.execute(
                 "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
-                ["accepted" if accepted else "rejected", canonical_text(outcome_value), cid],
+                [CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome_value), cid],
             )
             value = {"outcome": outcome_value, "replayed": False}
             ledger.store(con, ctx, key, "request_admission", intent, value, issued_at)
@@ -345,10 +336,7 @@ class Lifecycle:
         if row is None:
             raise EngramError("NOT_FOUND")
         state, key_ref = row[0], row[3]
-        if state == "withdrawn":
-            raise EngramError("ALREADY_TERMINAL")
-        if state != "pending":
-            raise EngramError("ILLEGAL_TRANSITION")
+        to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
         at = to_instant(now)
         auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
         with self.db.transaction() as con:
@@ -358,19 +346,19 @@ class Lifecycle:
                 {
                     "event_id": "withdraw:" + cid,
                     "recorded_at": at,
-                    "operation": "withdraw",
+                    "operation": Operation.WITHDRAW.value,
                     "candidate_id": cid,
-                    "from_state": "pending",
-                    "to_state": "withdrawn",
+                    "from_state": state,
+                    "to_state": to_state,
                     "authorization_receipt_digest": auth,
                     "reason_ref": args["reason_ref"],
                 },
             )
             con.execute(
-                "UPDATE candidates SET state = 'withdrawn', key_ref = NULL, envelope = NULL WHERE candidate_id = ?",
-                [cid],
+                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL WHERE candidate_id = ?",
+                [CANDIDATE_ROW_STATE[Operation.WITHDRAW].value, cid],
             )
-            receipt = self._lifecycle_receipt(event, "withdraw", "pending", "withdrawn", auth, at)
+            receipt = self._lifecycle_receipt(event, Operation.WITHDRAW.value, state, to_state, auth, at)
             # Written as "pending" in the same transaction; upgraded once the key is gone, so a
             # replay always returns the answer the first call gave.
             value = {"receipt": receipt, "replayed": False, "key_destruction": "pending"}
@@ -411,10 +399,7 @@ class Lifecycle:
         if row is None:
             raise EngramError("NOT_FOUND")
         state, key_ref, pd = row
-        if state == "tombstoned":
-            raise EngramError("ALREADY_TERMINAL")
-        if state not in NON_TERMINAL_RECORD_STATES:
-            raise EngramError("ILLEGAL_TRANSITION")
+        to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
         at = to_instant(now)
         auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
         with self.db.transaction() as con:
@@ -424,10 +409,10 @@ class Lifecycle:
                 {
                     "event_id": "tombstone:" + rid,
                     "recorded_at": at,
-                    "operation": "tombstone",
+                    "operation": Operation.TOMBSTONE.value,
                     "record_id": rid,
                     "from_state": state,
-                    "to_state": "tombstoned",
+                    "to_state": to_state,
                     "authorization_receipt_digest": auth,
                     "reason_ref": args["reason_ref"],
                 },
@@ -435,11 +420,11 @@ class Lifecycle:
             )
             cursor = int(event["cursor"])
             con.execute(
-                "UPDATE records SET state = 'tombstoned', key_ref = NULL, body = NULL WHERE record_id = ?", [rid]
+                "UPDATE records SET state = ?, key_ref = NULL, body = NULL WHERE record_id = ?", [to_state, rid]
             )
             con.execute("DELETE FROM embeddings WHERE record_id = ?", [rid])
             con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)", [ctx.scope_ref, pd, rid, cursor])
-            receipt = self._lifecycle_receipt(event, "tombstone", state, "tombstoned", auth, at)
+            receipt = self._lifecycle_receipt(event, Operation.TOMBSTONE.value, state, to_state, auth, at)
             value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
             ledger.store(con, ctx, key, "forget", intent, value, at)
         if key_ref is not None:
@@ -487,17 +472,17 @@ class Lifecycle:
                     {
                         "event_id": f"maintenance:expire:{rid}:{expires_at}",
                         "recorded_at": at,
-                        "operation": "expire",
+                        "operation": Operation.EXPIRE.value,
                         "record_id": rid,
                         "from_state": state,
-                        "to_state": "expired",
+                        "to_state": next_state(Operation.EXPIRE, state).value,
                         "record_digest": rd,
                         "authorization_receipt_digest": auth,
                         "reason_ref": "memory:retention-expiry",
                     },
                 )
                 cursor = int(event["cursor"])
-                con.execute("UPDATE records SET state = 'expired' WHERE record_id = ?", [rid])
+                con.execute("UPDATE records SET state = ? WHERE record_id = ?", [RecordState.EXPIRED.value, rid])
             con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, scope_ref])
         return [r[0] for r in due]
 

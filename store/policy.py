@@ -60,9 +60,10 @@ def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterable[str]:
 # scan. The detectors are built once and asked line by line -- what ``scan_line`` does with no
 # filters, minus its per-call settings reload (a third of the policy's cost, measured).
 # Verification (a network call) stays off: its filter is not in the default settings.
+_PLUGINS: list[type[Any]] = list(get_mapping_from_secret_type_to_class().values())
 _DETECTORS = tuple(
     cls()
-    for cls in sorted(get_mapping_from_secret_type_to_class().values(), key=lambda c: c.__name__)
+    for cls in sorted(_PLUGINS, key=lambda c: c.__name__)
     if "Entropy" not in cls.__name__ and cls.__name__ != "IPPublicDetector"
 )
 _ADHOC = "adhoc-string-scan"  # the file name scan_line uses: the keyword detector's "other" rules

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from rich.progress import Progress
 
-from retrieval.lexical import LexicalDoc
-from retrieval.projections import Projections
-from store.engine import Engine, EngineConfig
-from store.lifecycle import lexical_fields
+from engram_memory.models.settings import EngineSettings
+from engram_memory.retrieval.lexical import LexicalDoc
+from engram_memory.retrieval.projections import Projections
+from engram_memory.store.engine import Engine
+from engram_memory.store.lifecycle import lexical_fields
 
 PROBES = 200
 
@@ -78,7 +79,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
                   model_path: Path | None = None, show_progress: bool = True, semantic: bool = True
                   ) -> RebuildReport:
     """Raises StoreBusyError when a server owns the data directory."""
-    engine = Engine.open(EngineConfig(data_dir=data_dir, model_path=model_path, semantic=semantic))
+    engine = Engine.open(EngineSettings(data_dir=data_dir, model_path=model_path, semantic=semantic))
     try:
         if engine.embedder is not None:
             engine.wait_semantic(600)  # records admitted before the model was ready get embedded now
@@ -87,10 +88,10 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
         with Progress(disable=not show_progress, transient=False) as progress:
             task = progress.add_task("rebuilding projections", total=len(scopes))
             for scope in scopes:
-                records = engine._live_records(scope)
-                vectors = engine._stored_vectors(scope)
+                records = engine.live_records(scope)
+                vectors = engine.stored_vectors(scope)
                 docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
-                cursor = engine.db.projection_cursor(scope)
+                cursor = engine.projection_cursor(scope)
                 report = ScopeReport(engine.projections.scope_dir(scope).name, len(records),
                                      len(vectors[0]) if vectors else 0)
                 if verify:

@@ -6,7 +6,7 @@ import hashlib
 
 import duckdb
 
-from store.timeutil import to_instant, wall_clock
+from engram_memory.store.timeutil import to_instant, wall_clock
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (

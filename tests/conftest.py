@@ -58,8 +58,9 @@ def data_dir_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
 
 def serve_argv(data_dir: Path, *, tools: str | None = ALL, context: dict[str, str] | None = None,
                extra: list[str] | None = None) -> list[str]:
-    """`python -m server.cli serve ...` for a context (None: CONTEXT; {}: none bound)."""
-    argv = [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir), "--log-level", "DEBUG"]
+    """`python -m engram_memory.server.cli serve ...` for a context (None: CONTEXT; {}: none bound)."""
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(data_dir),
+            "--log-level", "DEBUG"]
     for key, value in (CONTEXT if context is None else context).items():
         argv += ["--" + key.replace("_", "-"), value]
     if tools is not None:

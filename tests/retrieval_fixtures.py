@@ -40,7 +40,7 @@ def files_containing(root: Path, needles: Iterable[bytes]) -> dict[str, list[str
 @pytest.fixture(scope="session")
 def real_embedder():
     """The packaged MiniLM, loaded once per test process through the module-level cache."""
-    from retrieval.embedder import shared_embedder
+    from engram_memory.retrieval.embedder import shared_embedder
 
     embedder = shared_embedder()
     assert embedder.wait(180), f"packaged model did not load: {embedder.error}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from models.context import HostContext
+from engram_memory.models.context import HostContext
 
 T0 = 1_780_000_000_000  # 2026-05-28T20:26:40.000Z
 PURPOSE = "purpose:test"
@@ -55,3 +55,11 @@ def withdraw_args(candidate_id: str, key: str = "withdraw-key-00001") -> dict[st
 
 def forget_args(record_id: str, key: str = "forget-key-0000001") -> dict[str, Any]:
     return {"record_id": record_id, "idempotency_key": key, "reason_ref": "reason:user-request"}
+
+
+def call(engine: Any, tool: str, c: HostContext, args: dict[str, Any]) -> dict[str, Any]:
+    """One engine operation the way the server calls it: validated input model in, value out
+    (as the plain dict the wire carries)."""
+    from engram_memory.models.tools import parse_input, to_plain
+
+    return to_plain(getattr(engine, tool)(c, parse_input(tool, args)))

@@ -8,8 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.canonical import CanonicalizationError, canonical_bytes, canonical_text, integral_floats_to_int
-from models.digests import (
+from engram_memory.models.canonical import (
+    CanonicalizationError,
+    canonical_bytes,
+    canonical_text,
+    integral_floats_to_int,
+)
+from engram_memory.models.digests import (
     ZERO_DIGEST,
     candidate_id,
     digest,
@@ -245,7 +250,7 @@ _json = st.recursive(
 def test_fast_path_matches_rfc8785(value: object) -> None:
     import rfc8785
 
-    from models.canonical import normalize
+    from engram_memory.models.canonical import normalize
 
     try:
         expected = rfc8785.dumps(normalize(value))
@@ -265,7 +270,7 @@ def test_fast_path_edge_strings() -> None:
 def test_fast_path_float_marks_cannot_be_forged() -> None:
     import rfc8785
 
-    from models import canonical
+    from engram_memory.models import canonical
 
     forged = canonical._MARK + "0"  # a string equal to the first float's stand-in
     for value in [{"a": forged, "b": 0.5}, {"a": [0.25, forged]}, {"s": forged}, [0.1, 0.2, 1e-7, 1.5e-300, 123.456]]:

@@ -150,7 +150,7 @@ async def hybrid_when_ready(mcp: Mcp, query: str) -> tuple[dict[str, Any], int]:
 async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
     start_server, data_dir_factory
 ) -> None:
-    from retrieval.embedder import PACKAGED_MODEL_ID, compute_model_digest, packaged_model_path
+    from engram_memory.retrieval.embedder import PACKAGED_MODEL_ID, compute_model_digest, packaged_model_path
 
     assert not set(PARAPHRASE.lower().split()) & set(TARGET.lower().rstrip(".").split())
     model_dir = packaged_model_path()

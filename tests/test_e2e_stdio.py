@@ -199,7 +199,7 @@ async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_d
         assert conflict["error"]["code"] == "DIGEST_CONFLICT"
 
     # Every envelope was recorded in the audit trail under its auditId; the raw key never was.
-    from store.db import Database
+    from engram_memory.store.db import Database
 
     db = Database(data_dir)
     try:

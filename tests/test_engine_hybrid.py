@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.canonical import canonical_bytes
-from models.errors import EngramError
-from models.outputs import validate_output
-from retrieval.vectors import normalize_rows
-from store.engine import Engine, EngineConfig
-from store.rebuild import rebuild_index
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.errors import EngramError
+from engram_memory.models.outputs import validate_output
+from engram_memory.models.settings import EngineSettings
+from engram_memory.retrieval.vectors import normalize_rows
+from engram_memory.store.engine import Engine
+from engram_memory.store.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
+from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
 
 DOCS = [
     "The cat sat on the mat near the window all afternoon.",
@@ -32,7 +33,7 @@ HYBRID = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 
 
 def open_engine(path: Path, **kw) -> Engine:
-    engine = Engine.open(EngineConfig(data_dir=path, clock=lambda: T0, **kw))
+    engine = Engine.open(EngineSettings(data_dir=path, **kw), clock=lambda: T0)
     if kw.get("model_path") is None:
         assert engine.embedder is not None and engine.wait_semantic(180), "packaged model failed to load"
     return engine
@@ -42,14 +43,14 @@ def build(path: Path, **kw) -> tuple[Engine, list[str]]:
     engine = open_engine(path, **kw)
     ids = []
     for i, text in enumerate(DOCS):
-        cap = engine.capture(ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
-        out = engine.request_admission(ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+        cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+        out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
         ids.append(out["outcome"]["record_id"])
     return engine, ids
 
 
 def search(engine: Engine, query: str, **kw) -> dict:
-    value = engine.search(ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
+    value = call(engine, "search", ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
     validate_output("search", value)
     return value
 
@@ -83,13 +84,13 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int)
     kind = "exact" if hnsw_threshold > len(DOCS) else "hnsw"
     assert engine.projections.vectors(ctx().scope_ref).kind == kind
     try:
-        stored = engine._stored_vectors(ctx().scope_ref)
+        stored = engine.stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
         engine.projections.vectors(ctx().scope_ref).save()  # saves are batched: put the bytes on disk
         assert any(vec in data for _, data in disk_files(tmp_path / "f" / "projections"))
-        out = engine.forget(ctx(), forget_args(ids[2]))
+        out = call(engine, "forget", ctx(), forget_args(ids[2]))
         assert out["projection_invalidation"] == "complete"
-        assert engine.db.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [ids[2]])[0] == 0
+        assert engine.embedding_count(ids[2]) == 0
         hits = search(engine, "PostgreSQL replicas reporting", capability_policy=HYBRID)["records"]
         assert ids[2] not in {p["record"]["record_id"] for p in hits}
     finally:
@@ -120,8 +121,8 @@ def test_missing_model_is_ranking_unavailable_never_empty_success(tmp_path: Path
     engine = open_engine(tmp_path / "m", model_path=tmp_path / "no-such-model")
     try:
         assert engine.embedder.wait(30) is False and engine.embedder.state == "failed"
-        cap = engine.capture(ctx(), capture_args(DOCS[0]))
-        engine.request_admission(ctx(), admission_args(cap["candidate_id"]))
+        cap = call(engine, "capture", ctx(), capture_args(DOCS[0]))
+        call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"]))
         with pytest.raises(EngramError) as err:
             search(engine, "cat", capability_policy=HYBRID)
         assert err.value.code == "RANKING_UNAVAILABLE" and err.value.retriable
@@ -136,7 +137,7 @@ QUERIES = ["feline resting", "when are taxes due", "database for reports", "rele
 BUILD_IN_SUBPROCESS = """
 import hashlib, json, sys
 from pathlib import Path
-from models.canonical import canonical_bytes
+from engram_memory.models.canonical import canonical_bytes
 from tests.test_engine_hybrid import QUERIES, build, search, HYBRID
 engine, _ = build(Path(sys.argv[1]))
 print(json.dumps([hashlib.sha256(canonical_bytes(search(engine, q, capability_policy=HYBRID))).hexdigest()
@@ -168,15 +169,15 @@ def test_determinism_across_processes_restart_and_rebuild(built, tmp_path: Path)
 
 
 def test_records_admitted_without_model_are_backfilled(tmp_path: Path) -> None:
-    lexical_only = Engine.open(EngineConfig(data_dir=tmp_path / "b", clock=lambda: T0, semantic=False))
+    lexical_only = Engine.open(EngineSettings(data_dir=tmp_path / "b", semantic=False), clock=lambda: T0)
     for i, text in enumerate(DOCS):
-        cap = lexical_only.capture(ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
-        lexical_only.request_admission(ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
-    assert lexical_only.db.one("SELECT count(*) FROM embeddings")[0] == 0
+        cap = call(lexical_only, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+        call(lexical_only, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+    assert lexical_only.embedding_count() == 0
     lexical_only.close()
     engine = open_engine(tmp_path / "b")  # waits for the background backfill
     try:
-        assert engine.db.one("SELECT count(*) FROM embeddings")[0] == len(DOCS)
+        assert engine.embedding_count() == len(DOCS)
         top = search(engine, "feline resting", capability_policy=HYBRID)["records"][0]
         assert "cat" in top["record"]["components"][0]["text"] or "kitten" in top["record"]["components"][0]["text"]
     finally:

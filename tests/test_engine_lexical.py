@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from models.canonical import canonical_bytes
-from models.context import HostPolicy
-from models.errors import EngramError
-from models.outputs import validate_output
-from store.engine import Engine, EngineConfig
-from store.rebuild import rebuild_index
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.errors import EngramError
+from engram_memory.models.outputs import validate_output
+from engram_memory.models.settings import EngineSettings
+from engram_memory.store.engine import Engine
+from engram_memory.store.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import PURPOSE, T0, admission_args, capture_args, ctx, forget_args
+from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
 
 DOCS = [
     "We adopted DuckDB as the single source of truth for lifecycle state.",
@@ -26,14 +26,14 @@ DOCS = [
 
 
 def open_engine(path: Path, **kw) -> Engine:
-    return Engine.open(EngineConfig(data_dir=path, semantic=False, clock=lambda: T0, **kw))
+    return Engine.open(EngineSettings(data_dir=path, semantic=False, **kw), clock=lambda: T0)
 
 
 def admit(engine: Engine, text: str, n: int, c=None, **extra) -> str:
     c = c or ctx()
-    cap = engine.capture(c, capture_args(text, key=f"capture-key-{n:06d}", **extra))
+    cap = call(engine, "capture", c, capture_args(text, key=f"capture-key-{n:06d}", **extra))
     validate_output("capture", cap)
-    out = engine.request_admission(c, admission_args(cap["candidate_id"], key=f"admit-key-{n:08d}"))
+    out = call(engine, "request_admission", c, admission_args(cap["candidate_id"], key=f"admit-key-{n:08d}"))
     validate_output("request_admission", out)
     return out["outcome"]["record_id"]
 
@@ -46,7 +46,7 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
 
 
 def search(engine: Engine, query: str, c=None, **kw) -> dict:
-    value = engine.search(c or ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
+    value = call(engine, "search", c or ctx(), {"query": query, "purpose_ref": PURPOSE, **kw})
     validate_output("search", value)  # every value the engine emits is on-contract
     return value
 
@@ -87,11 +87,11 @@ def test_search_and_get_are_scope_isolated(engine: Engine) -> None:
     assert search(engine, "billing webhooks", c=other)["records"] == []
     assert search(engine, "billing webhooks", c=other)["rank_receipt"]["candidate_count"] == 0
     with pytest.raises(EngramError) as foreign:
-        engine.get(other, {"record_id": rid, "purpose_ref": PURPOSE})
+        call(engine, "get", other, {"record_id": rid, "purpose_ref": PURPOSE})
     with pytest.raises(EngramError) as unknown:
-        engine.get(other, {"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE})
+        call(engine, "get", other, {"record_id": "mem_" + "a" * 52, "purpose_ref": PURPOSE})
     assert foreign.value.code == unknown.value.code == "NOT_FOUND"
-    got = engine.get(ctx(), {"record_id": rid, "purpose_ref": PURPOSE})
+    got = call(engine, "get", ctx(), {"record_id": rid, "purpose_ref": PURPOSE})
     validate_output("get", got)
     assert got["record"]["record_id"] == rid and got["read_receipt"]["record_id"] == rid
 
@@ -117,7 +117,7 @@ def test_paging_yields_each_record_once_and_rejects_stale_cursors(engine: Engine
         {"limit": 2},
     ):
         with pytest.raises(EngramError) as err:
-            engine.search(ctx(), {"query": "the service state test record", "purpose_ref": PURPOSE, "limit": 1,
+            call(engine, "search", ctx(), {"query": "the service state test record", "purpose_ref": PURPOSE, "limit": 1,
                                   "page_cursor": good, **bad_kw})
         assert err.value.code == "STALE_PAGE"
     forged = good[:-3] + ("AAA" if not good.endswith("AAA") else "BBB")
@@ -144,7 +144,7 @@ def test_packet_budget(engine: Engine) -> None:
     assert total <= 4096 and value["records"]
     assert err.value.code == "PROJECTION_OVERSIZED" or total <= 4096
     with pytest.raises(EngramError) as err:
-        engine.get(ctx(), {"record_id": admit(engine, "huge " + "y" * 6000, 2), "purpose_ref": PURPOSE,
+        call(engine, "get", ctx(), {"record_id": admit(engine, "huge " + "y" * 6000, 2), "purpose_ref": PURPOSE,
                            "max_packet_bytes": 4096})
     assert err.value.code == "PROJECTION_OVERSIZED"
 
@@ -164,11 +164,11 @@ def test_visibility_window_and_expiry(engine: Engine) -> None:
     assert {p["record"]["record_id"] for p in search(engine, "fact")["records"]} == {expiring}
     for rid in (future, bounded):
         with pytest.raises(EngramError):
-            engine.get(ctx(), {"record_id": rid, "purpose_ref": PURPOSE})
+            call(engine, "get", ctx(), {"record_id": rid, "purpose_ref": PURPOSE})
     engine.clock = lambda: T0 + 2_000  # past expires_at
     assert search(engine, "fact")["records"] == []
     with pytest.raises(EngramError) as err:
-        engine.get(ctx(), {"record_id": expiring, "purpose_ref": PURPOSE})
+        call(engine, "get", ctx(), {"record_id": expiring, "purpose_ref": PURPOSE})
     assert err.value.code == "NOT_FOUND"
 
 
@@ -182,11 +182,11 @@ def test_forget_purges_lexical_projection(tmp_path: Path) -> None:
         rid = admit(engine, "The zqxjkvorbital marker deployment decision.", 0)
         admit(engine, "Another record that stays.", 1)
         assert b"zqxjkvorbit" in _projection_bytes(tmp_path / "d")
-        out = engine.forget(ctx(), forget_args(rid))
+        out = call(engine, "forget", ctx(), forget_args(rid))
         validate_output("forget", out)
         assert out["projection_invalidation"] == "complete" and out["coverage_receipt_digest"].startswith("sha256:")
         assert search(engine, "zqxjkvorbital")["records"] == []
-        assert engine.forget(ctx(), forget_args(rid)) == {**out, "replayed": True}
+        assert call(engine, "forget", ctx(), forget_args(rid)) == {**out, "replayed": True}
     finally:
         engine.close()
     assert b"zqxjkvorbit" not in _projection_bytes(tmp_path / "d")
@@ -195,7 +195,7 @@ def test_forget_purges_lexical_projection(tmp_path: Path) -> None:
 def _build(path: Path) -> Engine:
     engine = open_engine(path)
     ids = [admit(engine, t, i) for i, t in enumerate(DOCS)]
-    engine.forget(ctx(), forget_args(ids[3]))
+    call(engine, "forget", ctx(), forget_args(ids[3]))
     return engine
 
 
@@ -218,7 +218,7 @@ def test_determinism_across_stores_restart_and_rebuild(tmp_path: Path) -> None:
 
 
 def test_redaction_policy_is_configurable(tmp_path: Path) -> None:
-    engine = open_engine(tmp_path / "r", policy=HostPolicy(redacted_fields=("scope_ref", "citations", "trust")))
+    engine = open_engine(tmp_path / "r", redacted_fields=("scope_ref", "citations", "trust"))
     try:
         admit(engine, DOCS[0], 0)
         packet = search(engine, "duckdb")["records"][0]
@@ -243,7 +243,7 @@ def test_lost_projection_is_rebuilt_on_next_use(tmp_path: Path) -> None:
 
 
 def test_response_digest_binds_the_canonical_value(engine: Engine) -> None:
-    from models.digests import receipt_digest
+    from engram_memory.models.digests import receipt_digest
 
     for i, t in enumerate(DOCS):
         admit(engine, t, i)

@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from eval.cli import bench_cmd, eval_cmd  # noqa: E402
+from engram_memory.eval.cli import bench_cmd, eval_cmd  # noqa: E402
 
 # CI lays shared/ beside the clone: <root>/../shared/data; ENGRAM_EVAL_DATA overrides.
 DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -38,7 +38,7 @@ def _app() -> typer.Typer:
 
 
 def _peer_available() -> bool:
-    from eval.peer_lancedb import unavailable
+    from engram_memory.eval.peer_lancedb import unavailable
 
     return unavailable() is None
 

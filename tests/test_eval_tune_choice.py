@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.tune import GRID, SHIPPED, choose
+from engram_memory.eval.tune import GRID, SHIPPED, choose
 
 
 def _collection(ndcg: dict[str, float], p_vs_default: dict[str, float]) -> dict[str, Any]:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from eval.beir import Collection, Doc, load_collection, subset, truncate_utf8
-from eval.ingest import admission_args, capture_args, store_key, validated
-from eval.metrics import METRICS, score, write_trec
+from engram_memory.eval.beir import Collection, Doc, load_collection, subset, truncate_utf8
+from engram_memory.eval.ingest import admission_args, capture_args, store_key, validated
+from engram_memory.eval.metrics import METRICS, score, write_trec
+from engram_memory.models.tools import to_plain
 
 
 def _write_beir(root: Path, docs: list[tuple[str, str, str]], queries: dict[str, str],
@@ -69,13 +70,13 @@ def test_cache_key_changes_with_content_and_mapping() -> None:
 @pytest.mark.parametrize("mapping", ["single", "split"])
 def test_capture_args_pass_the_server_parser(mapping: str) -> None:
     doc = Doc("4983", "A title.", "Body text " * 50)
-    args = validated("capture", capture_args("scifact", doc, mapping))
+    args = to_plain(validated("capture", capture_args("scifact", doc, mapping)))
     payload = args["payload"]
     assert payload["citations"][0]["source_ref"] == "beir:scifact:4983"
     texts = [c["text"] for c in payload["components"]]
     assert "\n".join(texts) == "A title.\n" + doc.text  # same embedding text in both mappings
     assert len(texts) == (2 if mapping == "split" else 1)
-    untitled = validated("capture", capture_args("medline", Doc("7", "", "only text"), mapping))
+    untitled = to_plain(validated("capture", capture_args("medline", Doc("7", "", "only text"), mapping)))
     assert [c["text"] for c in untitled["payload"]["components"]] == ["only text"]
     validated("request_admission", admission_args("candidate_" + "a" * 64))
 

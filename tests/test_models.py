@@ -17,19 +17,19 @@ from hypothesis import strategies as st
 from mcp.client.session import ClientSession
 from pydantic import TypeAdapter, ValidationError
 
-from models.canonical import canonical_bytes
-from models.envelope import failure, success
-from models.errors import CATALOG, EngramError, ProtocolError
-from models.fields import Cursor, Instant, OpaqueRef, SafeInt
-from models.outputs import (
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.envelope import failure, success
+from engram_memory.models.errors import CATALOG, EngramError, ProtocolError
+from engram_memory.models.fields import Cursor, Instant, OpaqueRef, SafeInt
+from engram_memory.models.outputs import (
     FailureEnvelope,
     OutputContractError,
     success_envelope_model,
     validate_envelope,
     validate_output,
 )
-from models.schema import TOOL_NAMES, input_schema, output_schema
-from models.tools import CaptureInput, SearchInput, parse_input, to_plain
+from engram_memory.models.schema import TOOL_NAMES, input_schema, output_schema
+from engram_memory.models.tools import CaptureInput, SearchInput, parse_input, to_plain
 
 TOOLS = ("search", "get", "capture", "request_admission", "withdraw", "forget")
 D = "sha256:" + "a" * 64

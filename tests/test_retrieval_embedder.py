@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval import embedder as emb
-from retrieval.embedder import (
+from engram_memory.retrieval import embedder as emb
+from engram_memory.retrieval.embedder import (
     PACKAGED_MODEL_ID,
     Embedder,
     EmbedderUnavailable,
@@ -20,9 +20,9 @@ from retrieval.embedder import (
     packaged_model_path,
     shared_embedder,
 )
-from retrieval.fusion import rrf
-from retrieval.lexical import LexicalDoc, LexicalIndex
-from retrieval.vectors import VectorIndex
+from engram_memory.retrieval.fusion import rrf
+from engram_memory.retrieval.lexical import LexicalDoc, LexicalIndex
+from engram_memory.retrieval.vectors import VectorIndex
 from tests.retrieval_fixtures import real_embedder  # noqa: F401  (session fixture)
 
 CAT = "the cat sat on the mat"

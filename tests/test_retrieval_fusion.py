@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrieval.fusion import channel_ranks, convex, dbsf, rrf
+from engram_memory.retrieval.fusion import channel_ranks, convex, dbsf, rrf
 
 LEX = [("a", 9.0), ("b", 5.0), ("c", 1.0)]
 SEM = [("c", 0.9), ("a", 0.8), ("d", 0.1)]

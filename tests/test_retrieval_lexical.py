@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tantivy
 
-from retrieval.lexical import (
+from engram_memory.retrieval.lexical import (
     FIELDS,
     MAX_LIMIT,
     REFERENCE_PROFILE,
@@ -256,7 +256,7 @@ def test_document_validation() -> None:
 
 def _terms_on_disk(path: Path, prefix: str) -> dict[str, list]:
     """Read the term dictionaries through a fresh reader of the files now in ``path``."""
-    from retrieval.lexical import TOKENIZER_NAME, build_analyzer
+    from engram_memory.retrieval.lexical import TOKENIZER_NAME, build_analyzer
 
     index = tantivy.Index.open(str(path))
     index.register_tokenizer(TOKENIZER_NAME, build_analyzer())

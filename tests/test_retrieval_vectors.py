@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.vectors import (
+from engram_memory.retrieval.vectors import (
     GRAPH,
     IDS,
     STATE,

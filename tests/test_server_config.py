@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import DAY_MS, ConfigError, default_data_dir, load_config
+from engram_memory.server.config import DAY_MS, ConfigError, default_data_dir, load_config
 
 CTX = {"tenant": "acme", "workspace": "main", "principal": "alice", "agent_id": "agent-1",
        "purpose_ref": "purpose:ops"}
@@ -66,7 +66,7 @@ data_dir = "~/mem"
 
 
 def test_policy_defaults_are_the_models() -> None:
-    from models.context import HostPolicy
+    from engram_memory.models.context import HostPolicy
 
     assert load_config(CTX).host_policy() == HostPolicy()
 

@@ -8,22 +8,29 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from server.app import build_server, open_engine
-from server.config import load_config
+from engram_memory.server.app import build_server, open_engine
+from engram_memory.server.config import load_config
 from tests.conftest import CONTEXT, capture_args, check_result, search_args
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_store_failure_becomes_an_envelope(data_dir_factory) -> None:
-    cfg = load_config(CONTEXT | {"tools": "search,capture", "data_dir": data_dir_factory("broken"),
-                                 "semantic": False})
+    cfg = load_config(CONTEXT | {"tools": "search,get,capture,request_admission",
+                                 "data_dir": data_dir_factory("broken"), "semantic": False})
     engine = open_engine(cfg)
     server = build_server(cfg, engine)
     async with Client(server, mode="legacy") as c:
         assert check_result(await c.call_tool("engram_memory_search", search_args("before")))["ok"]
+        cap = check_result(await c.call_tool("engram_memory_capture", capture_args("Kept before the failure.")))
+        adm = check_result(await c.call_tool("engram_memory_request_admission", {
+            "candidate_id": cap["output"]["value"]["candidate_id"], "idempotency_key": "admit-before-failure"}))
+        record_id = adm["output"]["value"]["outcome"]["record_id"]
         engine.db.close()  # the store goes away under a live server
-        read = check_result(await c.call_tool("engram_memory_search", search_args("after")))
+        # Eligibility is answered from memory; the record body is not cached yet, so the read
+        # needs the store and must say it is unavailable (retriable), not raise.
+        read = check_result(await c.call_tool("engram_memory_get", {"record_id": record_id,
+                                                                    "purpose_ref": CONTEXT["purpose_ref"]}))
         assert read["error"]["code"] == "STORE_UNAVAILABLE" and read["error"]["retriable"] is True
         write = check_result(await c.call_tool("engram_memory_capture", capture_args("Lost write?")))
         assert write["error"] == {

@@ -9,10 +9,10 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from models.context import HostContext
-from models.errors import PROTOCOL_CONTEXT_CODE, ProtocolError
-from server.dispatch import check_purpose, classify_unexpected, envelope_result, new_audit_id
-from server.gate import (
+from engram_memory.models.context import HostContext
+from engram_memory.models.errors import PROTOCOL_CONTEXT_CODE, ProtocolError
+from engram_memory.server.dispatch import check_purpose, classify_unexpected, envelope_result, new_audit_id
+from engram_memory.server.gate import (
     EXECUTION_WINDOW_S,
     Approval,
     ConfirmationGate,

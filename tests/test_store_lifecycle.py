@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from models.context import HostPolicy
-from models.errors import EngramError
-from models.outputs import validate_output
-from store.crypto import KeyStore
-from store.db import Database, StoreBusyError
-from store.lifecycle import Lifecycle
+from engram_memory.models.context import HostPolicy
+from engram_memory.models.errors import EngramError
+from engram_memory.models.outputs import validate_output
+from engram_memory.store.crypto import KeyStore
+from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.lifecycle import Lifecycle
 from tests.store_fixtures import T0, admission_args, capture_args, ctx, forget_args, withdraw_args
 
 SECRET_TEXT = "The staging database lives at postgres://admin:Sup3rS3cret@db.internal:5432/app"
@@ -254,7 +254,7 @@ def test_second_process_refused(tmp_path: Path) -> None:
     h = Harness(tmp_path / "busy")
     try:
         code = (
-            "import sys; from pathlib import Path; from store.db import Database, StoreBusyError\n"
+            "import sys; from pathlib import Path; from engram_memory.store.db import Database, StoreBusyError\n"
             "try:\n    Database(Path(sys.argv[1]))\nexcept StoreBusyError as e:\n    print('busy'); sys.exit(3)\n"
         )
         proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "busy")], capture_output=True, text=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from store.policy import contains_secret
+from engram_memory.store.policy import contains_secret
 
 SECRETS = [
     "DATABASE_PASSWORD=s3cr3tvalue",

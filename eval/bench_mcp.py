@@ -1,0 +1,161 @@
+"""What a host sees: search latency through the real stdio server, driven by the MCP SDK client.
+
+The bench closes its engine, starts ``python -m engram_memory.server.cli serve`` on the bench
+store with the bench's own host context (tenant, workspace, principal, agent and purpose of
+``eval/ingest.py``), the tools ``search,get`` and the in-process engine's fusion, waits until a
+``lexical_and_semantic`` search succeeds (the model loads in the background), then times:
+
+* hybrid searches at limit 10 with exactly the in-process arguments;
+* the cheapest tool calls: ``get`` of an unknown well-formed ``mem_`` id (a NOT_FOUND envelope)
+  and ``get`` of a malformed id (refused by validation); the cheaper p50 is "the cheapest call";
+* an MCP ``ping`` (no tool: the protocol floor), for reference only.
+
+Each call is timed from ``call_tool`` to its parsed result, as a host's agent loop waits for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engram_memory.eval.bench_parts import HYBRID_POLICY, pcts, search_args
+
+TOOL_PREFIX = "engram_memory_"
+READY_TIMEOUT_S = 600.0
+UNKNOWN_ID = "mem_" + base64.b32encode(hashlib.sha256(b"engram-bench-unknown").digest()).decode().rstrip("=").lower()
+
+
+def serve_argv(store: Path, ctx: Any, fusion: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(store),
+            "--tenant", ctx.tenant, "--workspace", ctx.workspace, "--principal", ctx.principal,
+            "--agent-id", ctx.agent_id, "--purpose-ref", ctx.purpose_ref, "--tools", "search,get"]
+    if fusion:
+        argv += ["--fusion", fusion]
+    return argv
+
+
+def server_env(threads: int | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    if threads is not None:  # the in-process run's torch threads (torch reads it at import)
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _envelope(result: Any) -> dict[str, Any]:
+    env = getattr(result, "structured_content", None)
+    if env is None:
+        env = getattr(result, "structuredContent", None)
+    if env is None:
+        env = json.loads(result.content[0].text)
+    return env
+
+
+class McpBenchError(RuntimeError):
+    pass
+
+
+def mcp_bench(store: Path, ctx: Any, queries: Sequence[str], log_path: Path, *, limit: int,
+              fusion: str | None = None, threads: int | None = None, calls: int | None = None,
+              ready_timeout: float = READY_TIMEOUT_S, warmup: int = 5) -> dict[str, Any]:
+    """Start the server on ``store``, time searches and the cheapest calls, stop it. Blocking."""
+    import anyio
+
+    argv = serve_argv(store, ctx, fusion)
+    return anyio.run(_run, argv, server_env(threads), ctx, list(queries), log_path, limit,
+                     calls or len(queries), ready_timeout, warmup)
+
+
+async def _run(argv: list[str], env: dict[str, str], ctx: Any, queries: list[str], log_path: Path, limit: int,
+               calls: int, ready_timeout: float, warmup: int) -> dict[str, Any]:
+    import anyio
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.shared.exceptions import MCPError
+
+    res: dict[str, Any] = {"argv": [Path(argv[0]).name, *argv[1:]], "server_log": log_path.name}
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+    t_spawn = time.perf_counter()
+
+    async def call(session: ClientSession, tool: str, args: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """One round trip; a protocol-level refusal (MCPError) is a round trip too."""
+        t = time.perf_counter()
+        try:
+            result = await session.call_tool(TOOL_PREFIX + tool, args)
+        except MCPError as exc:
+            dt = time.perf_counter() - t
+            return dt, {"ok": False, "error": {"code": f"MCPError {getattr(exc, 'code', '')}".strip(),
+                                               "message": str(exc)}}
+        dt = time.perf_counter() - t
+        return dt, _envelope(result)
+
+    with log_path.open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                res["initialize_s"] = time.perf_counter() - t_spawn
+
+                # The model loads in the background: hybrid is refused (RANKING_UNAVAILABLE) until then.
+                probe = search_args(queries[0], ctx.purpose_ref, limit, hybrid=True)
+                deadline = time.monotonic() + ready_timeout
+                refusals = 0
+                while True:
+                    _, env_ = await call(session, "search", probe)
+                    if env_.get("ok"):
+                        break
+                    code = (env_.get("error") or {}).get("code")
+                    if code != "RANKING_UNAVAILABLE":
+                        raise McpBenchError(f"server search failed: {code}: {(env_.get('error') or {}).get('message')}")
+                    if time.monotonic() > deadline:
+                        raise McpBenchError(f"embedding model not ready after {ready_timeout:.0f} s (see {log_path})")
+                    refusals += 1
+                    await anyio.sleep(0.25)
+                res["ready_s"] = time.perf_counter() - t_spawn
+                res["ready_refusals"] = refusals
+
+                # Hybrid searches, the in-process arguments.
+                for q in queries[:warmup]:
+                    await call(session, "search", search_args(q, ctx.purpose_ref, limit, hybrid=True))
+                samples, failed = [], 0
+                for q in queries:
+                    dt, env_ = await call(session, "search", search_args(q, ctx.purpose_ref, limit, hybrid=True))
+                    samples.append(dt)
+                    failed += not env_.get("ok")
+                if failed:
+                    raise McpBenchError(f"{failed} of {len(queries)} MCP hybrid searches failed")
+                res["hybrid"] = pcts(samples)
+                res["profile"] = (((env_.get("output") or {}).get("value") or {}).get("rank_receipt") or {}).get(
+                    "profile")
+
+                # Cheapest tool calls: NOT_FOUND, and a validation refusal.
+                cheap: dict[str, list[float]] = {"get_not_found": [], "get_invalid": []}
+                codes: dict[str, Any] = {}
+                for name, args in (("get_not_found", {"record_id": UNKNOWN_ID, "purpose_ref": ctx.purpose_ref}),
+                                   ("get_invalid", {"record_id": "not-an-id", "purpose_ref": ctx.purpose_ref})):
+                    for i in range(warmup + calls):
+                        dt, env_ = await call(session, "get", args)
+                        if i >= warmup:
+                            cheap[name].append(dt)
+                        codes[name] = "ok" if env_.get("ok") else (env_.get("error") or {}).get("code")
+                for name, samples_ in cheap.items():
+                    if samples_:
+                        res[name] = {**pcts(samples_), "code": codes.get(name)}
+                ping = []
+                for i in range(warmup + calls):
+                    t = time.perf_counter()
+                    await session.send_ping()
+                    if i >= warmup:
+                        ping.append(time.perf_counter() - t)
+                res["ping"] = pcts(ping)
+    candidates = {name: res[name] for name in ("get_not_found", "get_invalid") if res.get(name)}
+    if candidates:
+        name = min(candidates, key=lambda k: candidates[k]["p50"])
+        res["cheapest"] = {"call": name, **candidates[name]}
+    res["policy"] = dict(HYBRID_POLICY)
+    return res

@@ -1,0 +1,46 @@
+"""Every contract number, defined once (TOOL_CONTRACT, REFERENCE_CONTRACT §3).
+
+Code, tool descriptions and CLI help use these names; nothing else writes the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- byte bounds (UTF-8 bytes after NFC) ----------------------------------------------------
+MIB: Final = 1_048_576
+MAX_ARGUMENT_BYTES: Final = MIB  # a tool call's canonical arguments
+RESULT_BOUND: Final = MIB  # mirrors the argument bound: the largest result put on the wire
+OPAQUE_MAX_BYTES: Final = 512  # opaque references, page cursors, purpose_ref
+IDEMPOTENCY_KEY_MIN_BYTES: Final = 16
+IDEMPOTENCY_KEY_MAX_BYTES: Final = 256
+TEXT_MAX_BYTES: Final = 65_536  # a component's text
+QUERY_MAX_BYTES: Final = 8_192
+ATTESTATION_MAX_BYTES: Final = 4_096
+
+# ---- search / get arguments -----------------------------------------------------------------
+LIMIT_MIN: Final = 1
+LIMIT_MAX: Final = 50
+LIMIT_DEFAULT: Final = 10
+PACKET_BYTES_MIN: Final = 4_096
+PACKET_BYTES_MAX: Final = MIB
+PACKET_BYTES_DEFAULT: Final = 65_536
+
+# ---- capture arguments ----------------------------------------------------------------------
+MAX_COMPONENTS: Final = 64
+MAX_CITATIONS: Final = 256
+MAX_FAMILY_REFS: Final = 64
+
+# ---- confirmation gate (TOOL_CONTRACT §0) ---------------------------------------------------
+CONFIRM_TTL_S: Final = 300  # a confirmation lives at most 300 s
+EXECUTION_WINDOW_S: Final = 30  # the engine call must start within 30 s of the approval
+
+# ---- retrieval ------------------------------------------------------------------------------
+RRF_K: Final = 60  # the classic reciprocal-rank-fusion constant (Cormack et al. 2009)
+CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
+# Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
+HNSW_THRESHOLD: Final = 50_000
+
+# ---- time -----------------------------------------------------------------------------------
+SECOND_MS: Final = 1000
+DAY_MS: Final = 86_400_000

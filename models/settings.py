@@ -1,0 +1,94 @@
+"""Engine settings: every engine option with its default, written once.
+
+:class:`EngineSettings` is what the engine takes. The server's launch settings
+(``engram_memory.server.config.ServeSettings``) extend it with the serve-only options and read
+all of them from flags, ``ENGRAM_*`` environment variables and the TOML file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engram_memory.models.context import HostPolicy
+from engram_memory.models.limits import DAY_MS, HNSW_THRESHOLD, RRF_K
+from engram_memory.models.states import FusionMethod
+
+Channel = Literal["lexical", "semantic"]
+CHANNELS: tuple[Channel, ...] = ("lexical", "semantic")
+_POLICY_DEFAULTS = HostPolicy()
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/engram-memory``, or ``~/.local/share/engram-memory``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    # The XDG spec says a relative value must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "engram-memory"
+
+
+class EngineSettings(BaseModel):
+    """Every engine option and its default (frozen, closed)."""
+
+    # use_enum_values: ``fusion`` holds the plain string ("convex"), exactly what receipts write.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=True, validate_default=True)
+
+    data_dir: Path = Field(default_factory=default_data_dir, description="Store directory (one server at a time).")
+    model_path: Path | None = Field(default=None, description="Local embedding model directory.")
+    semantic: bool = Field(default=True, description="Load the embedding model (semantic channel).")
+    # convex 0.5/0.5 won the evaluation (eval/RESULTS.md)
+    fusion: FusionMethod = Field(
+        default=FusionMethod.CONVEX,
+        description="Rank fusion: " + ", ".join(list(FusionMethod)[:-1]) + " or " + list(FusionMethod)[-1] + ".",
+    )
+    rrf_k: int = Field(default=RRF_K, description="RRF constant k.")
+    fusion_weights: tuple[float, float] = Field(
+        default=(0.5, 0.5), description="lexical, semantic (score-based fusion)."
+    )
+    hnsw_threshold: int = Field(
+        default=HNSW_THRESHOLD, description="Live vectors per scope from which search uses HNSW."
+    )
+    # Which channels rank. Hosts keep both; the evaluation harness restricts it to score each
+    # channel on its own through the same search path.
+    channels: tuple[Channel, ...] = Field(default=CHANNELS, description="Channels that rank.")
+    retention_ceiling_days: int | None = Field(
+        default=None, description="Latest allowed expires_at, in days from capture."
+    )
+    allow_retain: bool = Field(default=_POLICY_DEFAULTS.allow_retain, description="Allow derivative_rule retain.")
+    consented_families: tuple[str, ...] = Field(default=(), description="Reconciliation families the host consents to.")
+    redacted_fields: tuple[str, ...] = Field(
+        default=_POLICY_DEFAULTS.redacted_fields, description="Top-level record fields withheld from the agent."
+    )
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> EngineSettings:
+        # Messages are one line for the operator (the launch config shows them verbatim).
+        if self.rrf_k < 1:
+            raise ValueError("rrf_k must be at least 1")
+        if self.retention_ceiling_days is not None and self.retention_ceiling_days < 1:
+            raise ValueError("retention_ceiling_days must be at least 1")
+        if "record_id" in self.redacted_fields:
+            raise ValueError("record_id can never be redacted")
+        if self.hnsw_threshold < 1:
+            raise ValueError("hnsw_threshold must be at least 1")
+        return self
+
+    def host_policy(self) -> HostPolicy:
+        """The host policy these settings describe (capture limits and redaction)."""
+        return HostPolicy(
+            retention_ceiling_ms=None
+            if self.retention_ceiling_days is None
+            else self.retention_ceiling_days * DAY_MS,
+            allow_retain=self.allow_retain,
+            consented_families=frozenset(self.consented_families),
+            redacted_fields=self.redacted_fields,
+        )
+
+    def engine_settings(self) -> EngineSettings:
+        """Just the engine's part (drops the fields a subclass adds)."""
+        return EngineSettings.model_validate(
+            {name: getattr(self, name) for name in EngineSettings.model_fields}
+        )

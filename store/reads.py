@@ -1,0 +1,210 @@
+"""The read path: ranked search and direct get, over the scope views and the projections.
+
+Eligibility is a lookup in the scope's view (store/live.py), not a query; only the returned
+page is loaded and decrypted (cached afterwards). Everything here runs under the engine's read
+lock, so reads run together and each sees one cursor; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engram_memory.models.context import HostContext, HostPolicy
+from engram_memory.models.digests import digest_bytes, receipt_digest
+from engram_memory.models.errors import EngramError
+from engram_memory.models.limits import CHANNEL_DEPTH, LIMIT_DEFAULT, PACKET_BYTES_DEFAULT, RESULT_BOUND
+from engram_memory.retrieval import paging
+from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
+from engram_memory.retrieval.projections import Projections
+from engram_memory.retrieval.ranking import FusionConfig, rank
+from engram_memory.retrieval.receipts import (
+    PROFILE_VERSION,
+    RESPONSE_DIGEST_BYTES,
+    ChannelState,
+    channel_receipts,
+    profile_config_digest,
+    ranked_entry,
+    response_body,
+)
+from engram_memory.store.authz import authorization_receipt
+from engram_memory.store.live import ScopeView, ScopeViews
+from engram_memory.store.timeutil import to_instant
+
+DEFAULT_POLICY = {"minimum_channels": "lexical", "network": "forbid"}
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What the engine decided before taking the read lock."""
+
+    semantic: bool  # the semantic channel ranks this search
+    query_vector: np.ndarray | None  # encoded outside the lock
+
+
+@dataclass
+class ReadPath:
+    projections: Projections
+    fusion: FusionConfig
+    policy: HostPolicy
+    channels: tuple[str, ...]
+    model_identity: Callable[[], tuple[str | None, str | None]]  # (model_id, model_digest)
+    view: Callable[[str], ScopeView]
+    load_page: Callable[[str, Sequence[str]], dict[str, dict[str, Any]]]
+    server_secret: bytes
+    cache: ScopeViews  # holds each cached record's redacted core and its canonical bytes
+
+    def _core(self, record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The record's redacted packet core (record, redacted_fields, redaction digest) and
+        its canonical bytes, computed once per cached record."""
+        rid = record["record_id"]
+        core = self.cache.core(rid)
+        if core is None:
+            redacted = redact(record, self.policy.redacted_fields, self.policy.policy_version)
+            core = (redacted, core_bytes(redacted))
+            self.cache.remember_core(rid, core)
+        return core
+
+    # -- search ----------------------------------------------------------------------------
+
+    def search(self, ctx: HostContext, args: dict[str, Any], now: int, plan: SearchPlan) -> dict[str, Any]:
+        scope = ctx.scope_ref
+        view = self.view(scope)
+        policy = args.get("capability_policy", DEFAULT_POLICY)  # network "allow" grants nothing
+        semantic = plan.semantic
+        profile = "hybrid_v1" if semantic else "lexical_v1"
+        limit = args.get("limit", LIMIT_DEFAULT)
+        max_packet_bytes = args.get("max_packet_bytes", PACKET_BYTES_DEFAULT)
+        request_digest = receipt_digest(
+            "recall-request",
+            {"query": args["query"], "purpose_ref": args["purpose_ref"], "profile": profile, "limit": limit,
+             "max_packet_bytes": max_packet_bytes, "capability_policy": policy},
+            "request_digest",
+        )
+        system_as_of = str(view.projection_cursor)
+        valid_as_of, offset = now, 0
+        pin = None
+        if "page_cursor" in args:
+            pin = paging.decode(self.server_secret, scope, args["page_cursor"])
+            if pin.request_digest != request_digest or pin.profile != profile or pin.system_as_of != system_as_of:
+                raise EngramError("STALE_PAGE", "cursor from another query or an older state")
+            valid_as_of, offset = pin.valid_as_of, pin.offset
+
+        hits: dict[str, list[tuple[str, float]]] = {}
+        if "lexical" in self.channels:
+            hits["lexical"] = self.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
+        if semantic and plan.query_vector is not None:
+            hits["semantic"] = self.projections.vectors(scope).search(plan.query_vector, CHANNEL_DEPTH)
+        eligible = view.eligible({rid for found in hits.values() for rid, _ in found}, valid_as_of, now)
+        hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
+        ranked = rank(hits, self.fusion) if hits else []
+        ordered_ids = [h.record_id for h in ranked]
+        ordered_digest = receipt_digest("recall-ordered", {"ordered_ids": ordered_ids})
+        if pin is not None and pin.ordered_ids_digest != ordered_digest:
+            raise EngramError("STALE_PAGE", "ranking changed under the pin")
+
+        packets: list[dict[str, Any]] = []
+        encoded: list[bytes] = []  # each packet's canonical bytes, reused for the response digest
+        total = 0
+        page = ranked[offset:offset + limit]
+        records = self.load_page(scope, [h.record_id for h in page])
+        for hit in page:
+            record = records.get(hit.record_id)
+            if record is None:
+                continue
+            core, core_jcs = self._core(record)
+            rank_no = offset + len(packets) + 1
+            packet = {**core, "score": hit.score, "rank": rank_no}
+            packet_jcs = ranked_packet_bytes(core_jcs, hit.score, rank_no)
+            if total + len(packet_jcs) > max_packet_bytes:
+                if not packets:
+                    raise EngramError("PROJECTION_OVERSIZED")
+                break
+            packets.append(packet)
+            encoded.append(packet_jcs)
+            total += len(packet_jcs)
+        shown = ranked[offset:offset + len(packets)]
+        receipts = channel_receipts(self._channel_state(scope, semantic))
+        fused = len(hits) > 1
+        receipt: dict[str, Any] = {
+            "request_digest": request_digest,
+            "profile": profile,
+            "profile_version": PROFILE_VERSION,
+            "profile_config_digest": profile_config_digest(
+                profile=profile, channel_depth=CHANNEL_DEPTH, lexical=self.projections.lexical_description(),
+                fusion=self.fusion.describe(fused), channels=self.channels, semantic_receipt=receipts[1],
+                hnsw_threshold=self.projections.hnsw_threshold,
+            ),
+            "valid_as_of": valid_as_of,
+            "system_as_of": system_as_of,
+            "candidate_count": len(eligible),
+            "candidate_ids_digest": receipt_digest("recall-candidates", {"candidate_ids": sorted(eligible)}),
+            "ordered_ids_digest": ordered_digest,
+            "channels": receipts,
+            "fusion": self.fusion.describe(fused),
+            "ranked": [ranked_entry(h, p["rank"]) for h, p in zip(shown, packets, strict=True)],
+            "issued_at": to_instant(now),
+        }
+        receipt["receipt_digest"] = receipt_digest("rank-receipt", receipt)
+        value: dict[str, Any] = {"records": packets, "rank_receipt": receipt}
+        next_offset = offset + len(packets)
+        if next_offset < len(ordered_ids):
+            value["next_page_cursor"] = paging.encode(
+                self.server_secret,
+                scope,
+                paging.PagePin(request_digest, profile, valid_as_of, system_as_of, next_offset, ordered_digest),
+            )
+        body = response_body(value, encoded)
+        if len(body) + RESPONSE_DIGEST_BYTES > RESULT_BOUND:
+            raise EngramError("RESULT_TOO_LARGE")
+        value["response_digest"] = digest_bytes("recall-packet", body)
+        return value
+
+    def _channel_state(self, scope: str, semantic: bool) -> ChannelState:
+        semantic = semantic and "semantic" in self.channels
+        vectors = self.projections.vectors(scope) if semantic else None
+        model_id, model_digest = self.model_identity()
+        return ChannelState(
+            lexical_enabled="lexical" in self.channels,
+            lexical_cursor=self.projections.lexical(scope).cursor,
+            semantic=semantic,
+            vector_kind=vectors.kind if vectors is not None else None,
+            vector_cursor=vectors.cursor if vectors is not None else None,
+            model_id=model_id,
+            model_digest=model_digest,
+        )
+
+    # -- get -------------------------------------------------------------------------------
+
+    def get(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
+        scope, rid = ctx.scope_ref, args["record_id"]
+        view = self.view(scope)
+        # Unknown, foreign-scope and ineligible ids all take this one lookup and answer NOT_FOUND.
+        record = self.load_page(scope, [rid]).get(rid) if view.eligible((rid,), now, now) else None
+        if record is None:
+            raise EngramError("NOT_FOUND")
+        packet, packet_jcs = self._core(record)
+        if len(packet_jcs) + 2 > args.get("max_packet_bytes", PACKET_BYTES_DEFAULT):  # with its braces
+            raise EngramError("PROJECTION_OVERSIZED")
+        cursor = str(view.projection_cursor)
+        auth = authorization_receipt(ctx, "recall_current", {"record_id": rid})
+        read_receipt: dict[str, Any] = {
+            "record_id": rid,
+            "record_digest": record["record_digest"],
+            "valid_as_of": now,
+            "system_as_of": cursor,
+            "validated_through_cursor": cursor,
+            "authorization_receipt_digest": auth,
+            "revalidation_receipt_digest": receipt_digest(
+                "revalidation-packet",
+                {"eligible_record_ids": [rid], "removed": [], "cursor": cursor, "authorization_receipt_digest": auth},
+            ),
+            "checked_at": to_instant(now),
+        }
+        read_receipt["receipt_digest"] = receipt_digest("read-receipt", read_receipt)
+        value = {**packet, "read_receipt": read_receipt}
+        value["packet_digest"] = receipt_digest("get-packet", value, "packet_digest")
+        return value

@@ -1,0 +1,126 @@
+"""The shape of the code and of the installed distribution.
+
+* The import graph is one way: server -> store -> retrieval -> models, and eval -> store.
+  Read from the source with ``ast`` (every import, top level or inside a function).
+* The installed distribution puts nothing generic at the top of site-packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from importlib.metadata import Distribution, distributions
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "engram_memory"
+
+# What each package may import of ours (itself always).
+ALLOWED: dict[str, set[str]] = {
+    "models": set(),
+    "retrieval": {"models"},
+    "store": {"retrieval", "models"},
+    "server": {"store", "retrieval", "models"},
+    "eval": {"store", "retrieval", "models"},
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Our packages a module imports (absolute imports under the namespace; relative ones too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise AssertionError(f"{path}: relative import; use {NAMESPACE}.<package>")
+            names = [node.module or ""]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == NAMESPACE and len(parts) > 1:
+                found.add(parts[1])
+            elif parts[0] in ALLOWED:
+                raise AssertionError(f"{path}: imports top-level {parts[0]!r}; use {NAMESPACE}.{parts[0]}")
+    return found
+
+
+def test_import_graph_is_one_way() -> None:
+    violations = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            for target in imported_packages(path) - allowed - {package}:
+                violations.append(f"{path.relative_to(REPO)} imports {NAMESPACE}.{target}")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
+    """The graph test would fail on a retrieval module importing store (it is not vacuous)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from engram_memory.store.engine import Engine\n", encoding="utf-8")
+    assert imported_packages(bad) == {"store"}
+    assert "store" not in ALLOWED["retrieval"]
+    with pytest.raises(AssertionError):
+        bad.write_text("import store.engine\n", encoding="utf-8")
+        imported_packages(bad)
+
+
+GENERIC = {"models", "store", "retrieval", "server", "eval", "tests"}
+
+
+def installed_distribution() -> Distribution:
+    """engram-memory as installed in site-packages (not the egg-info an editable build leaves in the clone)."""
+    paths = sysconfig.get_paths()
+    site = sorted({paths["purelib"], paths["platlib"]})
+    found = [d for d in distributions(path=site) if d.metadata["Name"] == "engram-memory"]
+    assert found, f"engram-memory is not installed in {site}"
+    return found[0]
+
+
+def top_level_names() -> set[str]:
+    """Top-level import names the installed distribution provides, from its metadata."""
+    dist = installed_distribution()
+    names: set[str] = set()
+    top_level = dist.read_text("top_level.txt")
+    if top_level:
+        names |= {line.strip() for line in top_level.splitlines() if line.strip()}
+    for file in dist.files or []:
+        first = file.parts[0]
+        if first.endswith((".dist-info", ".egg-info")) or first in ("..", "__pycache__"):
+            continue
+        names.add(first.removesuffix(".py").removesuffix(".pth"))
+    return names
+
+
+def test_no_generic_top_level_package_is_installed() -> None:
+    names = top_level_names()
+    assert not names & GENERIC, f"generic top-level names installed: {sorted(names & GENERIC)}"
+
+
+def test_the_namespace_is_what_is_importable() -> None:
+    import importlib
+
+    for package in ALLOWED:
+        module = importlib.import_module(f"{NAMESPACE}.{package}")
+        assert Path(module.__path__[0]).resolve() == (REPO / package).resolve() or "site-packages" in str(
+            module.__path__[0]
+        )
+
+
+@pytest.mark.parametrize("name", sorted(GENERIC - {"tests"}))
+def test_generic_names_do_not_import_outside_the_clone(name: str, tmp_path: Path) -> None:
+    """From a neutral directory, `import models` (etc.) finds nothing of ours."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.find_spec({name!r})\n"
+        "origin = spec.origin if spec else None\n"
+        f"sys.exit(1 if origin and {str(REPO)!r} in str(origin) else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{name} resolves into the repository: {done.stderr}"
