@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from engram_memory.eval.beir import Collection, Doc, truncate_utf8
 from engram_memory.models.context import HostContext
-from engram_memory.models.limits import TEXT_MAX_BYTES
+from engram_memory.models.limits import ENCODE_THREADS, TEXT_MAX_BYTES
 from engram_memory.models.tools import parse_input, to_plain
 
 INGEST_VERSION = 1  # bump when the doc -> capture mapping changes: it keys the cache
@@ -148,6 +148,8 @@ def store_key(col: Collection, mapping: str) -> str:
 def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Any:
     from engram_memory.models.settings import EngineSettings
 
+    if _TORCH_THREADS:
+        overrides = {"encode_threads": _TORCH_THREADS[0], **overrides}
     return EngineSettings(data_dir=store_dir, channels=CHANNEL_SETS[channels], **overrides)
 
 
@@ -168,8 +170,12 @@ def open_engine(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> 
         engine.close()
 
 
+_TORCH_THREADS: list[int] = []  # the count set_torch_threads chose, passed to every engine
+
+
 def set_torch_threads(threads: int | None) -> int:
-    """Pin torch's intra-op threads (None: leave the default); returns the count in effect.
+    """Pin torch's intra-op threads (None: the engine's default, EngineSettings.encode_threads);
+    returns the count in effect. Engines opened afterwards keep it.
 
     On a 2-core box shared with other work, torch's default (one thread per core) makes a
     single-query encode spin: we measured ~400 ms instead of ~12-15 ms with one thread while
@@ -177,8 +183,9 @@ def set_torch_threads(threads: int | None) -> int:
     """
     import torch
 
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    count = int(threads) if threads is not None else ENCODE_THREADS
+    torch.set_num_threads(count)
+    _TORCH_THREADS[:] = [count]
     return int(torch.get_num_threads())
 
 

@@ -40,6 +40,9 @@ RRF_K: Final = 60  # the classic reciprocal-rank-fusion constant (Cormack et al.
 CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
 # Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
 HNSW_THRESHOLD: Final = 50_000
+# torch intra-op threads per encode: one lets concurrent searches run on separate cores
+# (eval/RESULTS.md: two threads in a worker thread encode a query slower than one).
+ENCODE_THREADS: Final = 1
 
 # ---- time -----------------------------------------------------------------------------------
 SECOND_MS: Final = 1000

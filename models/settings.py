@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engram_memory.models.context import HostPolicy
-from engram_memory.models.limits import DAY_MS, HNSW_THRESHOLD, RRF_K
+from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K
 from engram_memory.models.states import FusionMethod
 
 Channel = Literal["lexical", "semantic"]
@@ -47,6 +47,10 @@ class EngineSettings(BaseModel):
     rrf_k: int = Field(default=RRF_K, description="RRF constant k.")
     fusion_weights: tuple[float, float] = Field(
         default=(0.5, 0.5), description="lexical, semantic (score-based fusion)."
+    )
+    encode_threads: int | None = Field(
+        default=ENCODE_THREADS,
+        description="torch intra-op threads for embedding (1: concurrent searches each use a core).",
     )
     hnsw_threshold: int = Field(
         default=HNSW_THRESHOLD, description="Live vectors per scope from which search uses HNSW."

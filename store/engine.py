@@ -102,7 +102,7 @@ class Engine:
         if config.semantic:
             from engram_memory.retrieval.embedder import shared_embedder
 
-            self.embedder = shared_embedder(config.model_path)
+            self.embedder = shared_embedder(config.model_path, config.encode_threads)
             self.embedder.start()
         self._reads = ReadPath(
             projections=self.projections,

@@ -162,3 +162,27 @@ def test_loader_output_never_reaches_stdout(monkeypatch: pytest.MonkeyPatch, cap
     assert out == "server response line\n"
     assert "noise from an import" in err and "more noise" in err
     assert e.encode(["a", "b"]).shape == (2, 4)
+
+
+def test_concurrent_query_encodes_give_the_serial_bits(real_embedder: Embedder) -> None:  # noqa: F811
+    """Single-query encodes run without the batch lock: from four threads at once, every vector
+    must be bit-identical to the one encoded alone (no tokenizer race, no shared state)."""
+    queries = [f"how does protein {i} change cell growth" for i in range(24)]
+    serial = {q: real_embedder.encode([q])[0] for q in queries}
+    mismatched: list[str] = []
+    errors: list[BaseException] = []
+
+    def worker(chunk: list[str]) -> None:
+        try:
+            for q in chunk:
+                if not np.array_equal(real_embedder.encode([q])[0], serial[q]):
+                    mismatched.append(q)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(queries[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not mismatched
