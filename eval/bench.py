@@ -219,10 +219,10 @@ class Grower:
 
     def adopt(self) -> None:
         """Continue a store an earlier bench grew: skip the texts it holds, remember its records."""
-        count = _candidate_count(self.engine, self.ctx.scope_ref)
+        count = self.engine.candidate_count(self.ctx.scope_ref)
         from engram_memory.store.engine import embedding_text
 
-        for record in _live_records(self.engine, self.ctx.scope_ref):
+        for record in self.engine.live_records(self.ctx.scope_ref):
             self.by_record[record["record_id"]] = embedding_text(plain(record))
         for _ in range(count):
             next(self.texts)
@@ -266,27 +266,6 @@ class Grower:
         for _ in range(count):
             self._one(timings)
         return timings
-
-
-# -- engine API in transition (issue 9): public names first, the old private ones as fallback --
-
-
-def _live_records(engine: Any, scope_ref: str) -> list[Any]:
-    fn = getattr(engine, "live_records", None) or engine._live_records  # TODO(engine-api): public only
-    return list(fn(scope_ref))
-
-
-def _stored_vectors(engine: Any, scope_ref: str) -> tuple[list[str], np.ndarray]:
-    fn = getattr(engine, "stored_vectors", None) or engine._stored_vectors  # TODO(engine-api): public only
-    return fn(scope_ref)
-
-
-def _candidate_count(engine: Any, scope_ref: str) -> int:
-    fn = getattr(engine, "candidate_count", None)  # TODO(engine-api): drop the SQL fallback
-    if fn is not None:
-        return int(fn(scope_ref))
-    rows = engine.db.all("SELECT count(*) FROM candidates WHERE scope_ref = ?", [scope_ref])
-    return int(rows[0][0])
 
 
 # -- search timing ---------------------------------------------------------------------------
@@ -464,15 +443,13 @@ def _guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 def _mcp_row(store: Path, queries: Sequence[str], log_path: Path, fusion: str | None,
              threads: int | None) -> dict[str, Any]:
     """The stdio-server measurements; a failure is recorded (and printed), never fatal to the run."""
-    from engram_memory.eval.bench_mcp import mcp_bench
+    from engram_memory.eval.bench_mcp import McpBenchError, leaf_message, mcp_bench
 
     try:
         return mcp_bench(store, host_context(BENCH_DATASET), queries, log_path, limit=LIMIT, fusion=fusion,
                          threads=threads)
     except Exception as exc:  # noqa: BLE001 -- hours of ingest must not be lost to a server problem
-        msg = f"{type(exc).__name__}: {exc}".strip()
-        if isinstance(exc, BaseExceptionGroup):
-            msg = "; ".join(f"{type(e).__name__}: {e}" for e in exc.exceptions)
+        msg = str(exc) if isinstance(exc, McpBenchError) else leaf_message(exc)
         print(f"bench: MCP run failed ({msg}); see {log_path}", file=sys.stderr)
         return {"error": msg, "server_log": log_path.name}
 
@@ -503,7 +480,7 @@ def _peer_bench(engine: Any, grower: Grower, queries: Sequence[str], root: Path)
     from engram_memory.eval import peer_lancedb
 
     scope = host_context(BENCH_DATASET).scope_ref
-    rids, mat = _stored_vectors(engine, scope)  # the same vectors the engine searches
+    rids, mat = engine.stored_vectors(scope)  # the same vectors the engine searches
     t = time.perf_counter()
     lp = peer_lancedb.LancePeer(root, rids, [grower.by_record[r] for r in rids], mat)
     build_s = time.perf_counter() - t

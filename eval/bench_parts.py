@@ -149,7 +149,7 @@ def ratio_lines(size: int | str, ratios: Mapping[str, Mapping[str, Any]]) -> lis
         if not entry.get("measured"):
             lines.append(head + f"not measured ({entry.get('reason') or 'not measured'})")
             continue
-        lines.append(head + f"{entry['value']:.2f} (target {entry['op']} {entry['target']:g}) {_verdict(entry)}"
+        lines.append(head + f"{entry['value']:.2f} (target {entry['op']} {entry['target']:.1f}) {_verdict(entry)}"
                      f"  [{_num(entry['numerator'])} / {_num(entry['denominator'])} {entry['unit']}]")
     return lines
 
@@ -163,7 +163,7 @@ def ratios_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 value, verdict = f"{entry['value']:.2f}", _verdict(entry)
             else:
                 value, verdict = "—", f"not measured: {entry.get('reason') or 'not measured'}"
-            rows.append(f"| {int(size):,} | {entry['label']} | {value} | {entry['op']} {entry['target']:g} "
+            rows.append(f"| {int(size):,} | {entry['label']} | {value} | {entry['op']} {entry['target']:.1f} "
                         f"| {verdict} | {_num(entry['numerator'])} / {_num(entry['denominator'])} {entry['unit']} |")
     if not rows:
         return []
@@ -194,9 +194,14 @@ def breakdown_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 cells.append(f"| {int(size):,} | {label}: {_num(conc[key]['searches_per_s'])} searches/s, latency "
                              f"| {_num(lat['p50'])} | {_num(lat['p95'])} |")
         for key, label in (("hybrid", "MCP hybrid search"), ("get_not_found", "MCP get (NOT_FOUND)"),
-                           ("get_invalid", "MCP get (INVALID_ARGUMENT)"), ("ping", "MCP ping (no tool)")):
+                           ("get_invalid", "MCP get (validation refusal)"), ("ping", "MCP ping (no tool)")):
             if mcp.get(key):
                 cells.append(f"| {int(size):,} | {label} | {_num(mcp[key]['p50'])} | {_num(mcp[key]['p95'])} |")
+        if mcp.get("client_cpu_ms_per_search") is not None:
+            cells.append(f"| {int(size):,} | MCP client CPU per search (mean, bench process) "
+                         f"| {_num(mcp['client_cpu_ms_per_search'])} | |")
+        if mcp.get("error"):
+            cells.append(f"| {int(size):,} | MCP run failed: {mcp['error']} | | |")
         lines += cells
     if not lines:
         return []

@@ -46,7 +46,8 @@ def channel_ranks(channels: Channels) -> dict[str, dict[str, int]]:
     return out
 
 
-def rrf(channels: Channels, k: float = RRF_K, weights: Mapping[str, float] | None = None) -> Ranked:
+def rrf(channels: Channels, k: float = RRF_K, weights: Mapping[str, float] | None = None, *,
+        checked: bool = True) -> Ranked:
     """Reciprocal rank fusion (Cormack et al., SIGIR 2009).
 
     ``fused(d) = Σ_c w_c / (k + rank_c(d))`` with ``rank_c`` starting at 1 and ``w_c = 1`` unless
@@ -57,13 +58,14 @@ def rrf(channels: Channels, k: float = RRF_K, weights: Mapping[str, float] | Non
     w = _weights(channels, weights)
     fused: dict[str, float] = {}
     for name in sorted(channels):
-        check_channel(name, channels[name])
+        if checked:
+            check_channel(name, channels[name])
         for rank, (rid, _score) in enumerate(channels[name], start=1):
             fused[rid] = fused.get(rid, 0.0) + w[name] / (k + rank)
     return _ordered(fused)
 
 
-def dbsf(channels: Channels, weights: Mapping[str, float] | None = None) -> Ranked:
+def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, checked: bool = True) -> Ranked:
     """Distribution-based score fusion, as Qdrant's server computes ``fusion: dbsf``.
 
     Per channel, with ``μ`` the mean and ``σ`` the sample standard deviation (n - 1) of its
@@ -77,7 +79,8 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None) -> Rank
     fused: dict[str, float] = {}
     for name in sorted(channels):
         hits = channels[name]
-        check_channel(name, hits)
+        if checked:
+            check_channel(name, hits)
         if not hits:
             continue
         scores = [float(s) for _rid, s in hits]
@@ -90,17 +93,21 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None) -> Rank
     return _ordered(fused)
 
 
-def convex(channels: Channels, weights: Mapping[str, float]) -> Ranked:
+def convex(channels: Channels, weights: Mapping[str, float], *, checked: bool = True) -> Ranked:
     """Convex combination of min-max normalised scores (Bruch et al., TOIS 2023; Weaviate RSF).
 
     ``n_c(d) = (s - min_c) / (max_c - min_c)``, or ``1.0`` for every hit when ``max_c = min_c``;
     ``fused(d) = Σ_c w_c · n_c(d)``. Every channel needs a weight; they need not sum to 1.
+
+    ``checked=False`` skips ``check_channel`` for lists the indexes produced (sorted, unique by
+    construction): the check walks every hit, a third of the fusion's cost at depth 1000.
     """
     w = _weights(channels, weights)
     fused: dict[str, float] = {}
     for name in sorted(channels):
         hits = channels[name]
-        check_channel(name, hits)
+        if checked:
+            check_channel(name, hits)
         if not hits:
             continue
         top, bottom = float(hits[0][1]), float(hits[-1][1])  # lists are sorted by -score

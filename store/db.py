@@ -50,11 +50,19 @@ class Database:
         # so the cache is exact; an aborted transaction drops it, the next use re-reads it.
         self._heads: dict[str, tuple[int, str]] = {}
         self._readers = threading.local()
+        self._reader_cons: list[duckdb.DuckDBPyConnection] = []  # closed with the database
+        self._reader_lock = threading.Lock()
 
     def close(self) -> None:
         try:
             self.con.execute("CHECKPOINT")
         finally:
+            # Every cursor keeps the database (and its file lock) open: close them all first,
+            # or a server started right after this close finds the directory in use.
+            with self._reader_lock:
+                for reader in self._reader_cons:
+                    reader.close()
+                self._reader_cons.clear()
             self.con.close()
             os.close(self._lock_fd)
 
@@ -157,5 +165,7 @@ class Database:
         local = self._readers
         con = getattr(local, "con", None)
         if con is None:
-            con = local.con = self.con.cursor()
+            with self._reader_lock:
+                con = local.con = self.con.cursor()
+                self._reader_cons.append(con)
         return con

@@ -100,8 +100,8 @@ class ReadPath:
             hits["semantic"] = self.projections.vectors(scope).search(plan.query_vector, CHANNEL_DEPTH)
         eligible = view.eligible({rid for found in hits.values() for rid, _ in found}, valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
-        ranked = rank(hits, self.fusion) if hits else []
-        ordered_ids = [h.record_id for h in ranked]
+        ranking = rank(hits, self.fusion)
+        ordered_ids = ranking.ids
         ordered_digest = receipt_digest("recall-ordered", {"ordered_ids": ordered_ids})
         if pin is not None and pin.ordered_ids_digest != ordered_digest:
             raise EngramError("STALE_PAGE", "ranking changed under the pin")
@@ -109,7 +109,7 @@ class ReadPath:
         packets: list[dict[str, Any]] = []
         encoded: list[bytes] = []  # each packet's canonical bytes, reused for the response digest
         total = 0
-        page = ranked[offset:offset + limit]
+        page = ranking.hits(offset, offset + limit)
         records = self.load_page(scope, [h.record_id for h in page])
         for hit in page:
             record = records.get(hit.record_id)
@@ -126,7 +126,7 @@ class ReadPath:
             packets.append(packet)
             encoded.append(packet_jcs)
             total += len(packet_jcs)
-        shown = ranked[offset:offset + len(packets)]
+        shown = page[:len(packets)]
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
         receipt: dict[str, Any] = {

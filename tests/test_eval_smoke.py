@@ -110,9 +110,16 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
     assert b["machine"]["cores"] and b["machine"]["python"]
     assert "| 150 |" in (out / "bench.md").read_text()
+    # every target ratio is reported; the MCP one through a real stdio server and SDK client
+    ratios = row["ratios"]
+    for key, entry in ratios.items():
+        assert "target" in entry, key
+    mcp = [e for e in ratios.values() if "MCP" in e.get("label", "")]
+    assert mcp and mcp[0]["measured"], ratios
     # --resume grows the same store on: the 155 records stay, no text is captured twice
     result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150,170", "--queries", "5",
-                                         "--ops-sample", "2", "--threads", "1", "--no-progress", "--resume"],
+                                         "--ops-sample", "2", "--threads", "1", "--no-progress", "--resume",
+                                         "--no-mcp"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     b = json.loads((out / "bench.json").read_text())
