@@ -17,8 +17,10 @@ Determinism and purge rules (see ENVIRONMENT_NOTES §3, LANDSCAPE §2.2/§4.1):
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
+import struct
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -143,9 +145,30 @@ def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -
     return sorted(seen)
 
 
+# A record id ("mem_" + base32 of a 32-byte digest) is also kept as four u64 fast-field words,
+# so a search reads the ids of its hits column-wise instead of fetching every stored document
+# (measured at 10k records: ~8 us a stored fetch, ~10 of the channel's ~12 ms at depth 1000).
+ID_WORDS = tuple(f"id_w{i}" for i in range(4))
+_RECORD_ID = re.compile(r"^mem_[a-z2-7]{52}$")
+
+
+def id_words(record_id: str) -> tuple[int, int, int, int] | None:
+    """The four words of a record id, or None for an id of another shape (stored fetch then)."""
+    if not _RECORD_ID.match(record_id):
+        return None
+    raw = base64.b32decode(record_id[4:].upper() + "====")
+    return struct.unpack(">4Q", raw)  # type: ignore[return-value]
+
+
+def id_from_words(words: Sequence[int]) -> str:
+    return "mem_" + base64.b32encode(struct.pack(">4Q", *words)).decode("ascii").rstrip("=").lower()
+
+
 def _schema() -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
     sb.add_text_field(ID_FIELD, stored=True, tokenizer_name="raw", index_option="basic")
+    for word in ID_WORDS:
+        sb.add_unsigned_field(word, fast=True)
     for name in FIELDS:
         # stored=True: the index must be able to rewrite itself without the store (see module doc).
         sb.add_text_field(name, stored=True, tokenizer_name=TOKENIZER_NAME, index_option=INDEX_OPTION)
@@ -327,11 +350,24 @@ class LexicalIndex:
                 if len(hits) < fetch or fetch >= total or hits[limit - 1][0] > hits[-1][0]:
                     break
                 fetch = min(fetch * 2, total)
+            ids = self._hit_ids(searcher, [addr for _score, addr in hits])
             ranked = sorted(
-                ((searcher.doc(addr)[ID_FIELD][0], float(score)) for score, addr in hits),
+                ((rid, float(score)) for rid, (score, _addr) in zip(ids, hits, strict=True)),
                 key=lambda hit: (-hit[1], hit[0]),
             )
             return ranked[:limit]
+
+    @staticmethod
+    def _hit_ids(searcher: tantivy.Searcher, addrs: list[Any]) -> list[str]:
+        columns = [searcher.fast_field_values(word, addrs) for word in ID_WORDS]
+        out = []
+        for i, addr in enumerate(addrs):
+            words = [column[i] for column in columns]
+            if any(w is None for w in words):  # an id of another shape: read the stored document
+                out.append(searcher.doc(addr)[ID_FIELD][0])
+            else:
+                out.append(id_from_words(words))
+        return out
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -459,4 +495,9 @@ class LexicalIndex:
 
 def _to_document(doc: LexicalDoc) -> tantivy.Document:
     values = {name: text for name, text in doc.fields.items() if text}
-    return tantivy.Document(**{ID_FIELD: doc.record_id}, **values)
+    document = tantivy.Document(**{ID_FIELD: doc.record_id}, **values)
+    words = id_words(doc.record_id)
+    if words is not None:
+        for name, word in zip(ID_WORDS, words, strict=True):
+            document.add_unsigned(name, word)  # explicit u64: a keyword int above 2**63 turns f64
+    return document

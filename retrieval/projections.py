@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from engram_memory.models.limits import HNSW_THRESHOLD
-from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc, LexicalIndex
+from engram_memory.retrieval.lexical import (
+    REFERENCE_PROFILE,
+    LexicalConfig,
+    LexicalDoc,
+    LexicalIndex,
+    LexicalIndexError,
+)
 from engram_memory.retrieval.vectors import VectorIndex
 
 SAVE_MIN_ROWS = 256
@@ -49,9 +55,18 @@ class Projections:
     def lexical(self, scope_ref: str) -> LexicalIndex:
         with self._lock:
             if scope_ref not in self._lexical:
-                self._lexical[scope_ref] = LexicalIndex.open(
-                    self.scope_dir(scope_ref) / "lexical", self.lexical_config
-                )
+                path = self.scope_dir(scope_ref) / "lexical"
+                try:
+                    index = LexicalIndex.open(path, self.lexical_config)
+                except LexicalIndexError:
+                    if not (path / "meta.json").exists():
+                        raise
+                    # An index of an earlier format (e.g. without the id fast fields): derived
+                    # data, so it starts empty; its cursor no longer matches the journal, and the
+                    # store rebuilds the scope from DuckDB before its next use.
+                    shutil.rmtree(path)
+                    index = LexicalIndex.open(path, self.lexical_config)
+                self._lexical[scope_ref] = index
             return self._lexical[scope_ref]
 
     def vectors(self, scope_ref: str) -> VectorIndex:

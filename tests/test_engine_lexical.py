@@ -251,3 +251,39 @@ def test_response_digest_binds_the_canonical_value(engine: Engine) -> None:
         value = search(engine, "the service state record", **kw)
         body = {k: v for k, v in value.items() if k != "response_digest"}
         assert value["response_digest"] == receipt_digest("recall-packet", body, "packet_digest")
+
+
+def test_an_index_of_the_earlier_format_is_rebuilt_on_open(tmp_path: Path) -> None:
+    """A lexical index written before the id fast fields cannot be opened with today's schema:
+    it is derived data, so the store rebuilds it from DuckDB and answers the same bytes."""
+    import shutil
+
+    import tantivy
+
+    from engram_memory.retrieval import lexical
+
+    engine = open_engine(tmp_path / "data")
+    ids = [admit(engine, t, i) for i, t in enumerate(DOCS)]
+    before = canonical_bytes(search(engine, "duckdb journal"))
+    lexical_dir = engine.projections.scope_dir(ctx().scope_ref) / "lexical"
+    engine.close()
+
+    shutil.rmtree(lexical_dir)
+    lexical_dir.mkdir()
+    sb = tantivy.SchemaBuilder()  # the schema as it was: text fields only
+    sb.add_text_field(lexical.ID_FIELD, stored=True, tokenizer_name="raw", index_option="basic")
+    for name in lexical.FIELDS:
+        sb.add_text_field(name, stored=True, tokenizer_name=lexical.TOKENIZER_NAME, index_option=lexical.INDEX_OPTION)
+    old = tantivy.Index(sb.build(), path=str(lexical_dir))
+    old.register_tokenizer(lexical.TOKENIZER_NAME, lexical.build_analyzer())
+    writer = old.writer(15_000_000, 1)
+    writer.add_document(tantivy.Document(id=ids[0], primary="stale text"))
+    writer.commit()
+    writer.wait_merging_threads()
+    del writer, old
+
+    engine = open_engine(tmp_path / "data")
+    try:
+        assert canonical_bytes(search(engine, "duckdb journal")) == before
+    finally:
+        engine.close()

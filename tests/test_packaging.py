@@ -124,3 +124,28 @@ def test_generic_names_do_not_import_outside_the_clone(name: str, tmp_path: Path
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"{name} resolves into the repository: {done.stderr}"
+
+
+def test_eval_without_its_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import importlib.util
+
+    import typer
+
+    from engram_memory.eval import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ranx" else real(name, *a))
+    with pytest.raises(typer.Exit) as exit_info:
+        cli.require_eval_extra()
+    assert exit_info.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert "pip install 'engram-memory[eval]'" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_the_cli_lists_eval_through_the_entry_point() -> None:
+    from typer.testing import CliRunner
+
+    from engram_memory.server.cli import app
+
+    out = CliRunner().invoke(app, ["--help"]).output
+    assert "eval" in out and "bench" in out and "serve" in out
