@@ -150,6 +150,7 @@ def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -
 # (measured at 10k records: ~8 us a stored fetch, ~10 of the channel's ~12 ms at depth 1000).
 ID_WORDS = tuple(f"id_w{i}" for i in range(4))
 _RECORD_ID = re.compile(r"^mem_[a-z2-7]{52}$")
+ID_CACHE_MAX = 1 << 18  # ids remembered per index (~40 MB at the cap; cleared past it)
 
 
 def id_words(record_id: str) -> tuple[int, int, int, int] | None:
@@ -188,6 +189,7 @@ class LexicalIndex:
         self._index = index
         self._config = config
         self._lock = threading.RLock()
+        self._ids_by_words: dict[tuple[int, ...], str] = {}  # words -> id, a pure function's memo
         self._closed = False
         self._writer: tantivy.IndexWriter | None = self._new_writer()
         self._cursor = self._read_cursor()
@@ -357,16 +359,20 @@ class LexicalIndex:
             )
             return ranked[:limit]
 
-    @staticmethod
-    def _hit_ids(searcher: tantivy.Searcher, addrs: list[Any]) -> list[str]:
+    def _hit_ids(self, searcher: tantivy.Searcher, addrs: list[Any]) -> list[str]:
         columns = [searcher.fast_field_values(word, addrs) for word in ID_WORDS]
+        known = self._ids_by_words  # base32 in Python costs ~15 us an id: spell each one once
         out = []
-        for i, addr in enumerate(addrs):
-            words = [column[i] for column in columns]
-            if any(w is None for w in words):  # an id of another shape: read the stored document
-                out.append(searcher.doc(addr)[ID_FIELD][0])
-            else:
-                out.append(id_from_words(words))
+        for addr, words in zip(addrs, zip(*columns, strict=True), strict=True):
+            rid = known.get(words)
+            if rid is None:
+                if None in words:  # an id of another shape: read the stored document
+                    rid = searcher.doc(addr)[ID_FIELD][0]
+                else:
+                    if len(known) >= ID_CACHE_MAX:
+                        known.clear()
+                    rid = known[words] = id_from_words(words)
+            out.append(rid)
         return out
 
     # -- internals ---------------------------------------------------------------------------
