@@ -158,7 +158,7 @@ def id_words(record_id: str) -> tuple[int, int, int, int] | None:
     if not _RECORD_ID.match(record_id):
         return None
     raw = base64.b32decode(record_id[4:].upper() + "====")
-    return struct.unpack(">4Q", raw)  # type: ignore[return-value]
+    return struct.unpack(">4Q", raw)
 
 
 def id_from_words(words: Sequence[int]) -> str:
