@@ -169,9 +169,10 @@ def sha(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def capture_args(text: str, *, key: str | None = None, purpose: str = PURPOSE) -> dict[str, Any]:
-    """A valid capture: one cited decision component."""
-    now = int(time.time() * 1000) - 60_000
+def capture_args(text: str, *, key: str | None = None, purpose: str = PURPOSE, at: int | None = None
+                 ) -> dict[str, Any]:
+    """A valid capture: one cited decision component, valid from ``at`` (default a minute ago)."""
+    now = int(time.time() * 1000) - 60_000 if at is None else at
     return {
         "idempotency_key": key or "capture-" + hashlib.sha256(text.encode()).hexdigest()[:24],
         "payload": {

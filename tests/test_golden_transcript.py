@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import difflib
-import hashlib
 import json
 import os
 import time
@@ -42,6 +41,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from tests import conftest
 from tests.conftest import PURPOSE, Human, Mcp, check_result, mcp_server, serve_argv
 
 pytestmark = pytest.mark.anyio
@@ -72,35 +72,12 @@ DECLINED = "Tag every release candidate from the main branch after the journal c
 SECRET = "Staging deploy credentials for the journal exporter: aws_access_key_id " + "AKIA" + "IOSFODNN7EXAMPLE"
 
 
-def sha(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def capture_args(text: str, key: str, *, retention: dict[str, Any] | None = None) -> dict[str, Any]:
-    """conftest.capture_args, but every instant fixed relative to the pinned clock and the key explicit."""
-    payload: dict[str, Any] = {
-        "schema_version": 2,
-        "purpose_ref": PURPOSE,
-        "valid_time": {"t": VALID_T},
-        "components": [{"component_id": "c1", "kind": "decision", "text": text, "citation_ids": ["s1"]}],
-        "primary_component_id": "c1",
-        "primary_event": {"at": VALID_T, "type_ref": "event:decided", "citation_id": "s1"},
-        "citations": [
-            {
-                "citation_id": "s1",
-                "source_ref": "doc:adr-7",
-                "locator": {"scheme": "path", "value": "docs/adr-7.md#L3"},
-                "content_digest": sha(text),
-            }
-        ],
-    }
+    """conftest.capture_args with every instant fixed relative to the pinned clock and the key explicit."""
+    args = conftest.capture_args(text, key=key, at=VALID_T)
     if retention is not None:
-        payload["retention"] = retention
-    return {
-        "idempotency_key": key,
-        "payload": payload,
-        "evidence": {"evidence_ref": "ev:1", "evidence_digest": sha("evidence:" + text), "citation_ids": ["s1"]},
-    }
+        args["payload"]["retention"] = retention
+    return args
 
 
 def search_args(query: str, **extra: Any) -> dict[str, Any]:
