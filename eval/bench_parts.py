@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from engram_memory.models.limits import CHANNEL_DEPTH
+
 HYBRID_POLICY = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 SEARCHERS = 4  # concurrent searchers of the concurrency target
 
@@ -44,27 +46,6 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
 
 
 # -- small helpers ---------------------------------------------------------------------------
-
-
-def plain(value: Any) -> Any:
-    """An engine result as a plain dict: dicts today, pydantic output models after the engine change."""
-    if isinstance(value, dict) or value is None:
-        return value
-    return value.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def channel_depth() -> int:
-    """The engine's per-channel depth (hits taken from each channel before fusion)."""
-    for module in ("engram_memory.models.limits", "engram_memory.store.reads", "engram_memory.store.search",
-                   "engram_memory.retrieval.search"):
-        try:
-            mod = __import__(module, fromlist=["CHANNEL_DEPTH"])
-        except ImportError:
-            continue
-        depth = getattr(mod, "CHANNEL_DEPTH", None)
-        if depth is not None:
-            return int(depth)
-    raise RuntimeError("CHANNEL_DEPTH not found in models.limits, store.reads, store.search or retrieval.search")
 
 
 def pcts(samples_s: Sequence[float]) -> dict[str, float]:
@@ -234,7 +215,7 @@ def timed(fn: Callable[[str], Any], queries: Sequence[str], warmup: int = 5) -> 
 def time_parts(engine: Any, scope_ref: str, queries: Sequence[str], normalise: Callable[[str], str],
                warmup: int = 5) -> dict[str, Any]:
     """The three parts of a hybrid search, each timed on its own for every query."""
-    depth = channel_depth()
+    depth = CHANNEL_DEPTH
     embedder = engine.embedder
     lexical = engine.projections.lexical(scope_ref)
     vectors = engine.projections.vectors(scope_ref)

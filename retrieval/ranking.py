@@ -10,8 +10,6 @@ from engram_memory.models.limits import RRF_K
 from engram_memory.models.states import NO_FUSION, FusionMethod
 from engram_memory.retrieval import fusion as fusion_fns
 
-FUSION_METHODS = tuple(m.value for m in FusionMethod)
-
 
 @dataclass(frozen=True)
 class FusionConfig:

@@ -35,13 +35,11 @@ from engram_memory.models.canonical import CanonicalizationError, nfc, utf8_len
 from engram_memory.models.context import ALL_TOOLS, CONFIRMABLE, HostContext
 from engram_memory.models.limits import CONFIRM_TTL_S, DAY_MS, OPAQUE_MAX_BYTES
 from engram_memory.models.settings import EngineSettings, default_data_dir
-from engram_memory.models.states import FusionMethod
 
 __all__ = [
     "CONTEXT_KEYS",
     "DAY_MS",
     "ENV_PREFIX",
-    "FUSIONS",
     "KNOWN_KEYS",
     "LOOPBACK_HOSTS",
     "MAX_CONFIRM_TTL_S",
@@ -55,7 +53,6 @@ __all__ = [
 ]
 
 CONTEXT_KEYS = ("tenant", "workspace", "principal", "agent_id", "purpose_ref")
-FUSIONS = tuple(FusionMethod)
 Transport = Literal["stdio", "http"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 # The launch-bound context has no per-call authentication: serving it beyond loopback

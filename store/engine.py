@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,6 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.models.states import RecordState
 from engram_memory.models.tools import (
     CaptureInput,
-    Closed,
     ForgetInput,
     GetInput,
     RequestAdmissionInput,
@@ -57,7 +56,6 @@ from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_
 __all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
 log = logging.getLogger("engram.engine")
-V = TypeVar("V", bound=Closed)
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 
 

@@ -80,10 +80,6 @@ class Lifecycle:
         self.keys = keys
         self.host_policy = policy
         self.admission_policy = DefaultAdmissionPolicy()
-        # Per scope: the earliest expires_at_ms of a live record (None: no record expires), so
-        # the expiry sweep every read runs costs a query only when something can be due. Only
-        # admissions add expiring records (they lower it); a stale-low value merely re-queries.
-        self._next_expiry: dict[str, int | None] = {}
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -306,10 +302,6 @@ class Lifecycle:
                      seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
                 )
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
-                if expires and ctx.scope_ref in self._next_expiry:
-                    known = self._next_expiry[ctx.scope_ref]
-                    ms = from_instant(expires)
-                    self._next_expiry[ctx.scope_ref] = ms if known is None else min(known, ms)
             con.execute(
                 "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
                 [CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome_value), cid],
@@ -441,11 +433,9 @@ class Lifecycle:
     # -- expiry maintenance --------------------------------------------------------------
 
     def expire_due(self, scope_ref: str, now: int) -> list[str]:
-        """Append an expire event for each record past retention.expires_at (REFERENCE §7.4)."""
-        if scope_ref in self._next_expiry:
-            upcoming = self._next_expiry[scope_ref]
-            if upcoming is None or upcoming > now:
-                return []
+        """Append an expire event for each record past retention.expires_at (REFERENCE §7.4).
+
+        The engine calls it only when its scope view says a record is due (store/live.py)."""
         due = self.db.all(
             "SELECT record_id, state, record_digest, expires_at_ms FROM records WHERE scope_ref = ?"
             f" AND {EXPIRABLE_STATES_SQL} AND expires_at_ms <= ?"
@@ -453,13 +443,7 @@ class Lifecycle:
             [scope_ref, now],
         )
         if not due:
-            row = self.db.one(
-                f"SELECT min(expires_at_ms) FROM records WHERE scope_ref = ? AND {EXPIRABLE_STATES_SQL}",
-                [scope_ref],
-            )
-            self._next_expiry[scope_ref] = None if row is None or row[0] is None else int(row[0])
             return []
-        self._next_expiry.pop(scope_ref, None)  # re-read after this sweep
         at = to_instant(now)
         with self.db.transaction() as con:
             cursor = 0

@@ -16,7 +16,7 @@ import numpy as np
 from engram_memory.models.context import HostContext, HostPolicy
 from engram_memory.models.digests import digest_bytes, receipt_digest
 from engram_memory.models.errors import EngramError
-from engram_memory.models.limits import CHANNEL_DEPTH, LIMIT_DEFAULT, PACKET_BYTES_DEFAULT, RESULT_BOUND
+from engram_memory.models.limits import CHANNEL_DEPTH, RESULT_BOUND
 from engram_memory.retrieval import paging
 from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
 from engram_memory.retrieval.projections import Projections
@@ -33,8 +33,6 @@ from engram_memory.retrieval.receipts import (
 from engram_memory.store.authz import authorization_receipt
 from engram_memory.store.live import ScopeView, ScopeViews
 from engram_memory.store.timeutil import to_instant
-
-DEFAULT_POLICY = {"minimum_channels": "lexical", "network": "forbid"}
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,12 @@ class ReadPath:
     def search(self, ctx: HostContext, args: dict[str, Any], now: int, plan: SearchPlan) -> dict[str, Any]:
         scope = ctx.scope_ref
         view = self.view(scope)
-        policy = args.get("capability_policy", DEFAULT_POLICY)  # network "allow" grants nothing
+        # ``args`` is the input model's plain form: every default is already filled in.
+        policy = args["capability_policy"]  # network "allow" grants nothing
         semantic = plan.semantic
         profile = "hybrid_v1" if semantic else "lexical_v1"
-        limit = args.get("limit", LIMIT_DEFAULT)
-        max_packet_bytes = args.get("max_packet_bytes", PACKET_BYTES_DEFAULT)
+        limit = args["limit"]
+        max_packet_bytes = args["max_packet_bytes"]
         request_digest = receipt_digest(
             "recall-request",
             {"query": args["query"], "purpose_ref": args["purpose_ref"], "profile": profile, "limit": limit,
@@ -187,7 +186,7 @@ class ReadPath:
         if record is None:
             raise EngramError("NOT_FOUND")
         packet, packet_jcs = self._core(record)
-        if len(packet_jcs) + 2 > args.get("max_packet_bytes", PACKET_BYTES_DEFAULT):  # with its braces
+        if len(packet_jcs) + 2 > args["max_packet_bytes"]:  # the core's bytes plus its braces
             raise EngramError("PROJECTION_OVERSIZED")
         cursor = str(view.projection_cursor)
         auth = authorization_receipt(ctx, "recall_current", {"record_id": rid})

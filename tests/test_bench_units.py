@@ -14,7 +14,6 @@ from engram_memory.eval.bench_parts import (
     compute_ratios,
     concurrency,
     pcts,
-    plain,
     ratio_entry,
     ratio_lines,
     ratios_markdown,
@@ -101,13 +100,7 @@ def test_markdown_tables() -> None:
     assert "hybrid minus parts (bookkeeping) | 2.00 |" in parts and "MCP ping (no tool) | 0.30 |" in parts
 
 
-def test_plain_and_search_args() -> None:
-    class Model:
-        def model_dump(self, **kw: object) -> dict:
-            assert kw == {"mode": "json", "by_alias": True, "exclude_none": True}
-            return {"a": 1}
-
-    assert plain({"a": 1}) == {"a": 1} and plain(Model()) == {"a": 1}
+def test_search_args() -> None:
     assert "capability_policy" not in search_args("q", "purpose:eval", 10, hybrid=False)
     assert search_args("q", "purpose:eval", 10, hybrid=True)["capability_policy"] == {
         "minimum_channels": "lexical_and_semantic", "network": "forbid"}
