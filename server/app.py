@@ -6,15 +6,19 @@ import logging
 import signal
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import anyio
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from engram_memory.server.config import ServeConfig
+from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder
+from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
 from engram_memory.server.gate import ConfirmationGate
-from engram_memory.server.tools import INSTRUCTIONS, ToolRegistry
+from engram_memory.server.http import http_url, signed_http_app
+from engram_memory.server.ratelimit import RateLimiter
+from engram_memory.server.tools import INSTRUCTIONS
 from engram_memory.store.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
@@ -36,24 +40,32 @@ def open_engine(cfg: ServeConfig) -> Engine:
     return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
 
 
-def build_server(cfg: ServeConfig, engine: Engine | None) -> Server:
-    """The server for one launch-bound context. ``engine`` is None exactly when memory is off."""
-    enabled = cfg.memory_enabled and engine is not None
-    registry = ToolRegistry(cfg.tools if enabled else (), frozenset(cfg.confirm))
-    dispatcher = Dispatcher(
-        engine if enabled else None,
-        cfg.host_context() if enabled else None,
-        registry,
-        ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds),
-    )
+def build_server(dispatcher: Dispatcher, instructions: str = INSTRUCTIONS) -> Server[Any]:
     return Server(
         SERVER_NAME,
         version=server_version(),
         title="Engram memory",
-        instructions=INSTRUCTIONS if enabled else DISABLED_INSTRUCTIONS,
+        instructions=instructions,
         on_list_tools=dispatcher.list_tools,
         on_call_tool=dispatcher.call_tool,
     )
+
+
+def launch_dispatcher(cfg: ServeConfig, engine: Engine | None) -> Dispatcher:
+    """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
+    enabled = cfg.memory_enabled and engine is not None
+    gate = ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
+    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate)
+    return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
+
+
+def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispatcher:
+    """HTTP and the local socket: each call carries a context signed by a host in ``ring``."""
+    return Dispatcher(engine, SignedBinder(ring), limiter_for(cfg))
+
+
+def limiter_for(cfg: ServeConfig) -> RateLimiter:
+    return RateLimiter(cfg.rate_limit, cfg.rate_burst)
 
 
 async def serve_stdio(cfg: ServeConfig) -> None:
@@ -62,7 +74,8 @@ async def serve_stdio(cfg: ServeConfig) -> None:
     async with stdio_server() as (read_stream, write_stream):
         engine = open_engine(cfg) if cfg.memory_enabled else None
         try:
-            server = build_server(cfg, engine)
+            enabled = cfg.memory_enabled and engine is not None
+            server = build_server(launch_dispatcher(cfg, engine), INSTRUCTIONS if enabled else DISABLED_INSTRUCTIONS)
             log.info("serving over stdio (%s)", _summary(cfg))
             async with anyio.create_task_group() as tg:
                 # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
@@ -83,22 +96,30 @@ async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
 
 
 def serve_http(cfg: ServeConfig) -> None:
-    """Streamable HTTP on loopback with the same launch-bound context (config refuses other hosts)."""
+    """Streamable HTTP at /mcp for hosts that sign every call (server/http.py)."""
     import uvicorn
 
-    engine = open_engine(cfg) if cfg.memory_enabled else None
+    assert cfg.host_keys is not None  # the config refuses --http without it
+    ring = KeyRing.load(cfg.host_keys)
+    bind_host, port = cfg.http_address
+    engine = open_engine(cfg)
     try:
-        server = build_server(cfg, engine)
-        # json_response False: handshake-era elicitation rides the call's SSE stream.
-        app = server.streamable_http_app(streamable_http_path="/mcp", host=cfg.host)
-        log.info("serving streamable HTTP on http://%s:%d/mcp (%s)", cfg.host, cfg.port, _summary(cfg))
+        server = build_server(signed_dispatcher(cfg, engine, ring))
+        app = signed_http_app(server, ring, bind_host=bind_host, remote=cfg.allow_remote)
+        # SIGHUP re-reads the host keys (rotation without restart); uvicorn leaves SIGHUP alone.
+        signal.signal(signal.SIGHUP, lambda signum, frame: ring.reload())
+        if cfg.allow_remote and bind_host not in LOOPBACK_HOSTS:
+            log.warning("binding %s beyond loopback: TLS must terminate in front of this server", bind_host)
+        log.info(
+            "serving streamable HTTP on %s for %d host(s), audience %s",
+            http_url(bind_host, port), len(ring.keys.hosts), ring.keys.server_id,
+        )
         # log_config None: keep the process's stderr logging; no access log on stdout.
         uvicorn.Server(
-            uvicorn.Config(app, host=cfg.host, port=cfg.port, log_config=None, access_log=False)
+            uvicorn.Config(app, host=bind_host, port=port, log_config=None, access_log=False)
         ).run()
     finally:
-        if engine is not None:
-            engine.close()
+        engine.close()
 
 
 def _summary(cfg: ServeConfig) -> str:

@@ -20,6 +20,7 @@ from typing import Annotated, Any  # noqa: E402
 import typer  # noqa: E402
 
 from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
+from engram_memory.server.host_cli import host_app  # noqa: E402
 from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
 
 EXIT_USAGE = 2  # config errors and a busy data dir: the host must fix its launch, not retry blindly
@@ -90,19 +91,21 @@ def serve(
     consented_families: Annotated[str | None, _opt("consented_families", "--consented-families")] = None,
     redacted_fields: Annotated[str | None, _opt("redacted_fields", "--redacted-fields")] = None,
     confirm_ttl_seconds: Annotated[float | None, _opt("confirm_ttl_seconds", "--confirm-ttl-seconds")] = None,
-    transport: Annotated[str | None, _opt("transport")] = None,
-    host: Annotated[str | None, _opt("host")] = None,
-    port: Annotated[int | None, _opt("port")] = None,
+    http: Annotated[str | None, _opt("http")] = None,
+    host_keys: Annotated[Path | None, _opt("host_keys", "--host-keys")] = None,
+    allow_remote: Annotated[bool | None, _opt("allow_remote", "--allow-remote/--no-allow-remote")] = None,
+    rate_limit: Annotated[float | None, _opt("rate_limit", "--rate-limit")] = None,
+    rate_burst: Annotated[int | None, _opt("rate_burst", "--rate-burst")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="stderr log level.")] = "INFO",
 ) -> None:
-    """Serve the memory tools to one host-bound agent context."""
+    """Serve the memory tools: over stdio to one launch-bound context, or over HTTP to signing hosts."""
     _setup_logging(log_level)
     flags = {k: v for k, v in locals().items() if k not in ("config", "log_level")}
     try:
         cfg = load_config(flags, config)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
-    reason = cfg.disabled_reason()
+    reason = None if cfg.http else cfg.disabled_reason()
     if reason:
         logging.getLogger("engram_memory.server").warning("memory disabled: %s", reason)
 
@@ -113,7 +116,7 @@ def serve(
     from engram_memory.store.engine import StoreBusyError
 
     try:
-        if cfg.transport == "http":
+        if cfg.http:
             serve_http(cfg)
         else:
             anyio.run(serve_stdio, cfg)
@@ -137,6 +140,7 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 # Commands live in their owners' modules (keep their heavy imports inside the function).
 app.command("serve")(serve)
 app.command("rebuild-index")(rebuild_index_cmd)
+app.add_typer(host_app)
 # Other parts of the distribution (the evaluation harness) plug their commands in through
 # the "engram_memory.commands" entry point group, so the server never imports them.
 for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):

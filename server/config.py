@@ -43,7 +43,6 @@ __all__ = [
     "KNOWN_KEYS",
     "LOOPBACK_HOSTS",
     "MAX_CONFIRM_TTL_S",
-    "TRANSPORTS",
     "ConfigError",
     "ServeConfig",
     "ServeSettings",
@@ -53,11 +52,9 @@ __all__ = [
 ]
 
 CONTEXT_KEYS = ("tenant", "workspace", "principal", "agent_id", "purpose_ref")
-Transport = Literal["stdio", "http"]
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
-# The launch-bound context has no per-call authentication: serving it beyond loopback
-# would hand this principal's memory to anyone who can reach the port.
+# HTTP binds to these unless --allow-remote (then TLS must terminate in front of the server).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_HTTP = "127.0.0.1:8765"
 MAX_CONFIRM_TTL_S = float(CONFIRM_TTL_S)  # TOOL_CONTRACT §0: a confirmation lives at most 300 s
 ENV_PREFIX = "ENGRAM_"
 _TRUE = ("1", "true", "yes", "on")
@@ -97,9 +94,17 @@ class ServeSettings(BaseSettings, EngineSettings):
     confirm_ttl_seconds: float = Field(
         default=MAX_CONFIRM_TTL_S, description=f"How long a confirmation may wait (<= {CONFIRM_TTL_S})."
     )
-    transport: Transport = Field(default="stdio", description="stdio (default) or http.")
-    host: str = Field(default="127.0.0.1", description="HTTP bind address (loopback only).")
-    port: int = Field(default=8765, description="HTTP port.")
+    http: str | None = Field(
+        default=None,
+        description=f"Serve streamable HTTP at HOST:PORT/mcp (e.g. {DEFAULT_HTTP}) with per-call signed"
+        " host contexts, instead of stdio; needs --host-keys.",
+    )
+    host_keys: Path | None = Field(default=None, description="Host-keys TOML file (HTTP mode).")
+    allow_remote: bool = Field(
+        default=False, description="Let --http bind a non-loopback address (terminate TLS in front)."
+    )
+    rate_limit: float = Field(default=50.0, description="Calls per second per principal (0: no limit).")
+    rate_burst: int = Field(default=100, description="Calls a principal may make at once.")
 
     @classmethod
     def settings_customise_sources(
@@ -133,10 +138,20 @@ class ServeSettings(BaseSettings, EngineSettings):
             )
         if not 0 < self.confirm_ttl_seconds <= CONFIRM_TTL_S:
             raise ValueError(f"confirm_ttl_seconds must be in (0, {CONFIRM_TTL_S}]")
-        if not 1 <= self.port <= 65535:
-            raise ValueError("port must be in 1..65535")
-        if self.transport == "http" and self.host not in LOOPBACK_HOSTS:
-            raise ValueError("http serves a launch-bound context: host must be a loopback address")
+        if self.rate_limit < 0 or self.rate_burst < 1:
+            raise ValueError("rate_limit must be >= 0 and rate_burst >= 1")
+        if self.http is not None:
+            host, _ = self.http_address  # raises on a malformed address
+            if host not in LOOPBACK_HOSTS and not self.allow_remote:
+                raise ValueError(f"--http {self.http} is not a loopback address; add --allow-remote to bind it")
+            if self.host_keys is None:
+                raise ValueError("--http needs --host-keys FILE (see: engram-memory host keygen)")
+            bound = [k for k in (*CONTEXT_KEYS, "tools", "confirm") if getattr(self, k)]
+            if bound:
+                raise ValueError(
+                    "--http binds the context per call (signed by the host); remove the launch-bound "
+                    + ", ".join(bound)
+                )
         if self.purpose_ref:
             try:
                 size = utf8_len(self.purpose_ref)
@@ -147,6 +162,19 @@ class ServeSettings(BaseSettings, EngineSettings):
         if self.context_bound:
             self.host_context()  # raises ConfigError on an unsafe host identifier
         return self
+
+    @property
+    def http_address(self) -> tuple[str, int]:
+        """(host, port) of ``http``: ``127.0.0.1:8765``, ``localhost:8765`` or ``[::1]:8765``."""
+        text = self.http or ""
+        host, sep, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            sep = ""  # an IPv6 address must be bracketed
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"--http must be HOST:PORT (IPv6 as [::1]:PORT), got {text!r}")
+        return host, int(port)
 
     @property
     def context_bound(self) -> bool:
@@ -167,7 +195,7 @@ class ServeSettings(BaseSettings, EngineSettings):
                 principal=self.principal or "",
                 agent_id=self.agent_id or "",
                 purpose_ref=self.purpose_ref or "",
-                session=self.transport,  # launch-bound: one host session per served transport
+                session="stdio",  # launch-bound: one host session per launch
             )
         except ValueError as exc:  # HostContext names the offending field, never a value
             raise ConfigError(str(exc)) from None

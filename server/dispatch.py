@@ -1,7 +1,14 @@
 """The tools/call pipeline, in the contract's order (REFERENCE §4.4):
 
-unknown or ungranted tool (-32602) -> bound purpose (-32603) -> schema (INVALID_SCHEMA)
--> confirmation gate (gate_failed / -32603) -> engine, in a worker thread -> envelope.
+bound context (-32603; signed per call over HTTP) -> unknown or ungranted tool (-32602)
+-> bound purpose (-32603) -> rate limit (RATE_LIMITED) -> deadline (DEADLINE_EXCEEDED)
+-> schema (INVALID_SCHEMA) -> confirmation (gate_failed / -32603) -> engine, in a worker
+thread -> envelope.
+
+Cancellation: a read is abandoned at once; a mutation that reached the engine runs to its
+commit or rollback first (a worker thread is never interrupted mid-transaction), so a retry
+with the same idempotency key reports the truth. MCP sends no answer to a cancelled request;
+the audit row records CANCELLED.
 
 Every answer that is not a protocol error is an envelope with a fresh auditId, recorded
 through the engine's audit trail. No exception escapes a handler: an unexpected one becomes
@@ -14,6 +21,7 @@ import base64
 import json
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,12 +32,13 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.canonical import CanonicalizationError, nfc
-from engram_memory.models.context import HostContext
 from engram_memory.models.envelope import failure, success
-from engram_memory.models.errors import EngramError, ProtocolError, context_unavailable, unknown_tool
+from engram_memory.models.errors import EngramError, ErrorCode, ProtocolError, context_unavailable, unknown_tool
 from engram_memory.models.tools import parse_input, to_plain
-from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
-from engram_memory.server.tools import MUTATING, ToolRegistry
+from engram_memory.server.binding import Binding, LaunchBinder, SignedBinder
+from engram_memory.server.gate import Approval, GateFailed
+from engram_memory.server.ratelimit import RateLimiter
+from engram_memory.server.tools import MUTATING
 from engram_memory.store.engine import AuditEvent, Engine
 
 log = logging.getLogger("engram_memory.server")
@@ -104,28 +113,36 @@ class Dispatcher:
     def __init__(
         self,
         engine: Engine | None,
-        host: HostContext | None,
-        registry: ToolRegistry,
-        gate: ConfirmationGate,
+        binder: LaunchBinder | SignedBinder,
+        limiter: RateLimiter | None = None,
+        wall_ms: Any = None,
     ) -> None:
-        # engine/host are None exactly when memory is disabled; the registry is then empty.
+        # engine is None exactly when memory is disabled: nothing is listed, every call is -32602.
         self.engine = engine
-        self.host = host
-        self.registry = registry
-        self.gate = gate
+        self.binder = binder
+        self.limiter = limiter or RateLimiter(0, 1)
+        self.wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
 
     async def list_tools(
         self, rctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.registry.definitions())
+        binding = self.binder.bind(rctx, params.meta if params is not None else None)
+        if binding is None or self.engine is None:
+            return types.ListToolsResult(tools=[])  # no valid context: nothing exists
+        return types.ListToolsResult(tools=binding.registry.definitions())
 
     async def call_tool(
         self, rctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        entry = self.registry.resolve(params.name)
-        if entry is None or self.engine is None or self.host is None:
+        binding = self.binder.bind(rctx, params.meta)
+        if binding is None:
+            if isinstance(self.binder, LaunchBinder):
+                raise to_mcp_error(unknown_tool())  # memory disabled: no tool exists
+            raise to_mcp_error(context_unavailable())
+        entry = binding.registry.resolve(params.name)
+        if entry is None or self.engine is None:
             raise to_mcp_error(unknown_tool())
-        tool, engine, host = entry.tool, self.engine, self.host
+        tool, engine, host = entry.tool, self.engine, binding.host
         arguments: dict[str, Any] = dict(params.arguments or {})
         try:
             check_purpose(tool, arguments, host.purpose_ref)
@@ -137,9 +154,12 @@ class Dispatcher:
         model: Any = None
         engine_started = False
         try:
+            if not self.limiter.allow(host.tenant, host.principal):
+                raise EngramError(ErrorCode.RATE_LIMITED, "per-principal rate limit")
+            self._check_deadline(binding)
             model = parse_input(tool, arguments)
-            if self.gate.required(tool):
-                decision = await self.gate.confirm(rctx, params, tool, arguments, host)
+            if tool in binding.confirm:
+                decision = await self.binder.confirm(rctx, params, tool, arguments, binding)
                 if isinstance(decision, types.InputRequiredResult):
                     return decision  # the 2026-era client retries with the human's answer
                 approval: Approval | None = decision
@@ -149,13 +169,14 @@ class Dispatcher:
             def run() -> dict[str, Any]:
                 nonlocal engine_started
                 if approval is not None:
-                    approval.ensure_fresh(self.gate.clock())
+                    approval.ensure_fresh(time.monotonic())
+                self._check_deadline(binding)
                 engine_started = True
                 # The engine returns the tool's output value model (validated on the way out);
                 # the wire carries its plain JSON form.
                 return to_plain(getattr(engine, tool)(host, model))
 
-            value = await anyio.to_thread.run_sync(run)
+            value = await self._run(tool, run, binding)
             envelope = success(value, audit_id)
         except ProtocolError as exc:
             raise to_mcp_error(exc) from None
@@ -167,16 +188,37 @@ class Dispatcher:
         except EngramError as exc:
             log.info("%s %s: %s %s", params.name, audit_id, exc.code, exc.detail)
             envelope = failure(exc.code, audit_id)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._audit(binding, audit_id, tool, failure(ErrorCode.CANCELLED, audit_id), model)
+            raise
         except Exception as exc:  # the adapter's last line: never a handler exception on the wire
             code = classify_unexpected(exc, tool, engine_started)
             log.exception("%s %s: unexpected failure mapped to %s", params.name, audit_id, code)
             envelope = failure(code, audit_id)
 
-        await self._audit(host, audit_id, tool, envelope, model)
+        await self._audit(binding, audit_id, tool, envelope, model)
         return envelope_result(envelope)
 
+    def _check_deadline(self, binding: Binding) -> None:
+        if binding.deadline_ms is not None and self.wall_ms() >= binding.deadline_ms:
+            raise EngramError(ErrorCode.DEADLINE_EXCEEDED, "deadline passed")
+
+    async def _run(self, tool: str, run: Any, binding: Binding) -> dict[str, Any]:
+        """The engine call in a worker thread, under the context's deadline.
+
+        A read past its deadline is abandoned (its thread finishes unseen); a mutation that
+        started is awaited to its end, and its true outcome is the answer.
+        """
+        if tool in MUTATING or binding.deadline_ms is None:
+            return await anyio.to_thread.run_sync(run)  # type: ignore[no-any-return]
+        remaining = (binding.deadline_ms - self.wall_ms()) / 1000
+        with anyio.move_on_after(max(0.0, remaining)):
+            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)  # type: ignore[no-any-return]
+        raise EngramError(ErrorCode.DEADLINE_EXCEEDED, "deadline passed during the read")
+
     async def _audit(
-        self, host: HostContext, audit_id: str, tool: str, envelope: dict[str, Any], model: Any
+        self, binding: Binding, audit_id: str, tool: str, envelope: dict[str, Any], model: Any
     ) -> None:
         """Record the call; a failing audit write is logged, never turned into the call's answer.
 
@@ -192,8 +234,9 @@ class Dispatcher:
             ok=bool(envelope["ok"]),
             code=None if envelope["ok"] else envelope["error"]["code"],
             idempotency_key=getattr(model, "idempotency_key", None),
+            context_jti=binding.jti,
         )
         try:
-            await anyio.to_thread.run_sync(engine.record_audit, host, event)
+            await anyio.to_thread.run_sync(engine.record_audit, binding.host, event)
         except Exception:
             log.exception("audit record %s could not be written", audit_id)

@@ -66,6 +66,7 @@ class AuditEvent:
     ok: bool
     code: str | None  # error code, or None on success
     idempotency_key: str | None  # stored only as "idk_" + 12 hex of its SHA-256
+    context_jti: str | None = None  # the signed invocation context's id (HTTP and local hosts)
 
 
 def embedding_text(record: dict[str, Any]) -> str:
@@ -533,9 +534,10 @@ class Engine:
         # On this thread's own connection, outside the engine lock: an audit row of a read
         # must not queue behind writes or stop other reads (appends to audit never conflict).
         self.db.reader().execute(
-            "INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO audit (audit_id, called_at, scope_ref, principal, agent_id, session, tool, ok,"
+            " code, idk, context_jti) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
-             ctx.session, event.tool, event.ok, event.code, idk],
+             ctx.session, event.tool, event.ok, event.code, idk, event.context_jti],
         )
 
 

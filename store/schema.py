@@ -97,6 +97,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "audit records the signed context's jti",
+        """
+        ALTER TABLE audit ADD COLUMN context_jti VARCHAR;
+        """,
+    ),
 ]
 
 

@@ -1,0 +1,84 @@
+"""Streamable HTTP for hosts that sign each call: the SDK's app behind a bearer check.
+
+``/mcp`` is the SDK's streamable HTTP app; every request to it must carry
+``Authorization: Bearer <token>`` matching a host in the key ring (compared in constant
+time), or it is answered 401 before any MCP processing. ``/healthz`` answers without
+authentication and says only that the process is alive. The same app serves TCP (``--http``)
+and the data directory's Unix socket (local hosts, :mod:`engram_memory.server.local`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engram_memory.server.binding import BEARER_KID_SCOPE_KEY, KeyRing
+
+log = logging.getLogger("engram_memory.server")
+
+MCP_PATH = "/mcp"
+HEALTH_PATH = "/healthz"
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok\n")
+
+
+class BearerAuth:
+    """ASGI middleware: a request reaches MCP only with a known host's bearer token."""
+
+    def __init__(self, app: ASGIApp, ring: KeyRing) -> None:
+        self.app = app
+        self.ring = ring
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") == HEALTH_PATH:
+            await self.app(scope, receive, send)
+            return
+        kid = self._authenticate(scope)
+        if kid is None:
+            response = PlainTextResponse(
+                "unauthorized\n", status_code=401, headers={"WWW-Authenticate": 'Bearer realm="engram-memory"'}
+            )
+            await response(scope, receive, send)
+            return
+        scope[BEARER_KID_SCOPE_KEY] = kid  # the dispatcher binds the signed context to this host
+        await self.app(scope, receive, send)
+
+    def _authenticate(self, scope: Scope) -> str | None:
+        values = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        if len(values) != 1:
+            return None
+        scheme, _, token = values[0].partition(b" ")
+        if scheme.lower() != b"bearer" or not token:
+            return None
+        try:
+            text = token.decode("ascii").strip()
+        except UnicodeDecodeError:
+            return None
+        return self.ring.keys.host_for_bearer(text)
+
+
+def signed_http_app(server: Server[Any], ring: KeyRing, *, bind_host: str, remote: bool) -> ASGIApp:
+    """The SDK's streamable HTTP app at /mcp, /healthz beside it, the bearer check in front."""
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if remote else None
+    app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        host=bind_host,
+        transport_security=security,
+        custom_starlette_routes=[Route(HEALTH_PATH, healthz, methods=["GET"])],
+    )
+    return BearerAuth(app, ring)
+
+
+def http_url(host: str, port: int) -> str:
+    """A URL for logs and clients; IPv6 literals are bracketed."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}{MCP_PATH}"
