@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
@@ -17,7 +19,9 @@ from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
 from engram_memory.server.gate import ConfirmationGate
 from engram_memory.server.http import http_url, signed_http_app
+from engram_memory.server.local import bind_socket, ensure_local_key, local_ring, serve_socket, socket_path
 from engram_memory.server.ratelimit import RateLimiter
+from engram_memory.server.relay import StdioFront
 from engram_memory.server.tools import INSTRUCTIONS
 from engram_memory.store.engine import Engine
 
@@ -51,10 +55,10 @@ def build_server(dispatcher: Dispatcher, instructions: str = INSTRUCTIONS) -> Se
     )
 
 
-def launch_dispatcher(cfg: ServeConfig, engine: Engine | None) -> Dispatcher:
+def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: ConfirmationGate | None = None) -> Dispatcher:
     """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
     enabled = cfg.memory_enabled and engine is not None
-    gate = ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
+    gate = gate or ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
     binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate)
     return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
 
@@ -71,20 +75,51 @@ def limiter_for(cfg: ServeConfig) -> RateLimiter:
 async def serve_stdio(cfg: ServeConfig) -> None:
     # Enter the transport first: the SDK then diverts fd 1 to stderr, so nothing the store
     # or its libraries print while opening can corrupt the MCP channel.
-    async with stdio_server() as (read_stream, write_stream):
-        engine = open_engine(cfg) if cfg.memory_enabled else None
+    async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as tg:
+        # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
+        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        front: StdioFront | None = None
         try:
-            enabled = cfg.memory_enabled and engine is not None
-            server = build_server(launch_dispatcher(cfg, engine), INSTRUCTIONS if enabled else DISABLED_INSTRUCTIONS)
+            if cfg.memory_enabled:
+                # Own the data dir, or relay to the process that does (server/relay.py).
+                front = StdioFront(cfg, tg, partial(owner_socket, cfg))
+                await front.start()
+                server = build_server_for(front)
+            else:
+                server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
             log.info("serving over stdio (%s)", _summary(cfg))
-            async with anyio.create_task_group() as tg:
-                # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
-                tg.start_soon(_cancel_on_signal, tg.cancel_scope)
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-                tg.cancel_scope.cancel()
+            await server.run(read_stream, write_stream, server.create_initialization_options())
         finally:
-            if engine is not None:
-                engine.close()
+            tg.cancel_scope.cancel()
+            if front is not None:
+                front.close()
+
+
+def build_server_for(front: StdioFront) -> Server[Any]:
+    return Server(
+        SERVER_NAME,
+        version=server_version(),
+        title="Engram memory",
+        instructions=INSTRUCTIONS,
+        on_list_tools=front.list_tools,
+        on_call_tool=front.call_tool,
+    )
+
+
+async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskStatus[None]) -> None:
+    """The owner's Unix socket: other local launches' calls, each under its signed context."""
+    key = ensure_local_key(Path(cfg.data_dir))
+    ring = local_ring(key)
+    app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring, bind_host="127.0.0.1", remote=False)
+    path = socket_path(Path(cfg.data_dir))
+    try:
+        sock = bind_socket(path)
+    except OSError as exc:  # e.g. a path too long for a socket: this host still works alone
+        log.warning("local hosts cannot share this memory: %s", exc)
+        task_status.started()
+        return
+    task_status.started()
+    await serve_socket(app, path, sock)
 
 
 async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
@@ -97,17 +132,19 @@ async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
 
 def serve_http(cfg: ServeConfig) -> None:
     """Streamable HTTP at /mcp for hosts that sign every call (server/http.py)."""
+    anyio.run(_serve_http, cfg)
+
+
+async def _serve_http(cfg: ServeConfig) -> None:
     import uvicorn
 
     assert cfg.host_keys is not None  # the config refuses --http without it
     ring = KeyRing.load(cfg.host_keys)
     bind_host, port = cfg.http_address
-    engine = open_engine(cfg)
+    engine = await anyio.to_thread.run_sync(open_engine, cfg)
     try:
-        server = build_server(signed_dispatcher(cfg, engine, ring))
-        app = signed_http_app(server, ring, bind_host=bind_host, remote=cfg.allow_remote)
-        # SIGHUP re-reads the host keys (rotation without restart); uvicorn leaves SIGHUP alone.
-        signal.signal(signal.SIGHUP, lambda signum, frame: ring.reload())
+        app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring,
+                              bind_host=bind_host, remote=cfg.allow_remote)
         if cfg.allow_remote and bind_host not in LOOPBACK_HOSTS:
             log.warning("binding %s beyond loopback: TLS must terminate in front of this server", bind_host)
         log.info(
@@ -115,9 +152,31 @@ def serve_http(cfg: ServeConfig) -> None:
             http_url(bind_host, port), len(ring.keys.hosts), ring.keys.server_id,
         )
         # log_config None: keep the process's stderr logging; no access log on stdout.
-        uvicorn.Server(
-            uvicorn.Config(app, host=bind_host, port=port, log_config=None, access_log=False)
-        ).run()
+        # uvicorn handles SIGINT/SIGTERM (a graceful stop); SIGHUP re-reads the host keys.
+        server = uvicorn.Server(uvicorn.Config(app, host=bind_host, port=port, log_config=None, access_log=False))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_reload_on_hangup, ring)
+            await tg.start(owner_socket, cfg, engine)  # local stdio hosts share this memory too
+            await server.serve()
+            tg.cancel_scope.cancel()
+    finally:
+        engine.close()
+
+
+async def _reload_on_hangup(ring: KeyRing) -> None:
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            ring.reload()
+
+
+async def serve_daemon(cfg: ServeConfig) -> None:
+    """Own the data dir for local stdio hosts only (no host of its own) until SIGTERM/SIGINT."""
+    engine = await anyio.to_thread.run_sync(open_engine, cfg)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+            await tg.start(owner_socket, cfg, engine)
+            log.info("daemon owns %s", cfg.data_dir)
     finally:
         engine.close()
 

@@ -113,6 +113,7 @@ def serve(
     import anyio
 
     from engram_memory.server.app import serve_http, serve_stdio
+    from engram_memory.server.relay import OwnerUnavailable
     from engram_memory.store.engine import StoreBusyError
 
     try:
@@ -124,6 +125,37 @@ def serve(
         pass
     except Exception as exc:
         # Raised inside the transport's task group, it may arrive wrapped in an ExceptionGroup.
+        if _contains(exc, StoreBusyError):
+            raise _fail(f"data dir {cfg.data_dir} is in use by another engram-memory process") from None
+        if _contains(exc, OwnerUnavailable):
+            raise _fail(f"data dir {cfg.data_dir} is owned by a process that does not answer") from None
+        raise
+
+
+def daemon(
+    data_dir: Annotated[Path | None, _opt("data_dir", "--data-dir")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file with the serve keys (engine options apply).")] = None,
+    model_path: Annotated[Path | None, _opt("model_path", "--model-path")] = None,
+    semantic: Annotated[bool | None, _opt("semantic", "--semantic/--no-semantic")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="stderr log level.")] = "INFO",
+) -> None:
+    """Own the data dir for local stdio hosts (each `serve` on it relays here) until stopped."""
+    _setup_logging(log_level)
+    flags = {"data_dir": data_dir, "model_path": model_path, "semantic": semantic}
+    try:
+        cfg = load_config(flags, config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    import anyio
+
+    from engram_memory.server.app import serve_daemon
+    from engram_memory.store.engine import StoreBusyError
+
+    try:
+        anyio.run(serve_daemon, cfg)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:
         if _contains(exc, StoreBusyError):
             raise _fail(f"data dir {cfg.data_dir} is in use by another engram-memory process") from None
         raise
@@ -139,6 +171,7 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 
 # Commands live in their owners' modules (keep their heavy imports inside the function).
 app.command("serve")(serve)
+app.command("daemon")(daemon)
 app.command("rebuild-index")(rebuild_index_cmd)
 app.add_typer(host_app)
 # Other parts of the distribution (the evaluation harness) plug their commands in through

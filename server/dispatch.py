@@ -132,8 +132,12 @@ class Dispatcher:
         return types.ListToolsResult(tools=binding.registry.definitions())
 
     async def call_tool(
-        self, rctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+        self,
+        rctx: ServerRequestContext[Any, Any],
+        params: types.CallToolRequestParams,
+        preapproved: Approval | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
+        """``preapproved``: a relay that took the directory over carries its human's approval."""
         binding = self.binder.bind(rctx, params.meta)
         if binding is None:
             if isinstance(self.binder, LaunchBinder):
@@ -158,11 +162,13 @@ class Dispatcher:
                 raise EngramError(ErrorCode.RATE_LIMITED, "per-principal rate limit")
             self._check_deadline(binding)
             model = parse_input(tool, arguments)
-            if tool in binding.confirm:
+            if tool in binding.confirm and preapproved is not None:
+                approval: Approval | None = preapproved
+            elif tool in binding.confirm:
                 decision = await self.binder.confirm(rctx, params, tool, arguments, binding)
                 if isinstance(decision, types.InputRequiredResult):
                     return decision  # the 2026-era client retries with the human's answer
-                approval: Approval | None = decision
+                approval = decision
             else:
                 approval = None
 

@@ -17,6 +17,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from engram_memory.server.hostkeys import keygen
 from tests.conftest import (
     ALL,
     CONTEXT,
@@ -362,12 +363,15 @@ async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_
 # ---- one server per data dir ----------------------------------------------------------------
 
 
-async def test_second_server_on_same_data_dir_exits_at_once(start_server, data_dir_factory, offline_env) -> None:
+async def test_http_server_on_an_owned_data_dir_exits_at_once(start_server, data_dir_factory, offline_env) -> None:
+    """A second stdio launch relays (tests/test_local_hosts.py); an HTTP server cannot share."""
     data_dir = data_dir_factory("busy")
+    keys = data_dir_factory("busy-keys")
+    keygen(keys, "host-a")
     async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
         assert (await mcp.call("search", search_args("warm up")))["ok"]
-        argv = serve_argv(data_dir, extra=LEXICAL_ONLY)
-        argv[argv.index("DEBUG")] = "WARNING"
+        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", "127.0.0.1:1",
+                "--host-keys", str(keys / "host-keys.toml"), "--data-dir", str(data_dir), "--no-semantic"]
 
         def second() -> tuple[subprocess.CompletedProcess[str], float]:
             t0 = time.monotonic()
@@ -377,7 +381,7 @@ async def test_second_server_on_same_data_dir_exits_at_once(start_server, data_d
 
         proc, elapsed = await anyio.to_thread.run_sync(second)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stdout == ""  # stdout is the MCP channel: nothing on it
+        assert proc.stdout == ""
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("engram-memory: error: data dir ") and "in use" in last
         assert "Traceback" not in proc.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from engram_memory.server.app import build_server, open_engine
+from engram_memory.server.app import build_server, launch_dispatcher, open_engine
 from engram_memory.server.config import load_config
 from tests.conftest import CONTEXT, capture_args, check_result, search_args
 
@@ -19,7 +19,7 @@ async def test_store_failure_becomes_an_envelope(data_dir_factory) -> None:
     cfg = load_config(CONTEXT | {"tools": "search,get,capture,request_admission",
                                  "data_dir": data_dir_factory("broken"), "semantic": False})
     engine = open_engine(cfg)
-    server = build_server(cfg, engine)
+    server = build_server(launch_dispatcher(cfg, engine))
     async with Client(server, mode="legacy") as c:
         assert check_result(await c.call_tool("engram_memory_search", search_args("before")))["ok"]
         cap = check_result(await c.call_tool("engram_memory_capture", capture_args("Kept before the failure.")))

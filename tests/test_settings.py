@@ -94,7 +94,7 @@ def test_precedence_flag_env_file_default(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert cfg.workspace == "env"  # a None flag was not given: environment over file
     assert cfg.principal == "file"  # file over default
     assert cfg.rrf_k == 7
-    assert cfg.agent_id is None and cfg.port == 8765  # defaults
+    assert cfg.agent_id is None and cfg.http is None and cfg.rate_limit == 50  # defaults
 
 
 def test_file_and_flag_keys_are_closed(tmp_path: Path) -> None:
