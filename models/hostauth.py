@@ -242,8 +242,8 @@ class ReplayCache:
             return True
 
 
-def token_kid(token: Any) -> str:
-    """The signing key named in the header (refused when absent or the token is malformed)."""
+def read_token(token: object) -> tuple[str, str]:
+    """(token, kid): the signing key named in the header (refused when absent or malformed)."""
     if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS or not token.isascii():
         raise TokenRefused("no token")
     try:
@@ -253,7 +253,7 @@ def token_kid(token: Any) -> str:
     kid = header.get("kid")
     if header.get("alg") != ALGORITHM or not isinstance(kid, str) or not kid:
         raise TokenRefused("header must name alg EdDSA and a kid")
-    return kid
+    return token, kid
 
 
 def verify(token: str, key: Ed25519PublicKey, audience: str, now: float, kind: type[_Claims]) -> Any:

@@ -37,7 +37,7 @@ from engram_memory.models.hostauth import (
     confirmation_fresh,
     confirmation_target,
     operation_digest,
-    token_kid,
+    read_token,
     verify,
 )
 from engram_memory.server.config import ConfigError
@@ -129,9 +129,8 @@ class SignedBinder:
 
     def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None) -> Binding | None:
         """The verified context, or None (the caller answers -32603 or an empty listing)."""
-        token = (meta or {}).get(CONTEXT_META_KEY)
         try:
-            kid = token_kid(token)
+            token, kid = read_token((meta or {}).get(CONTEXT_META_KEY))
             keys = self.ring.keys
             host_key = keys.hosts.get(kid)
             if host_key is None:
@@ -165,11 +164,11 @@ class SignedBinder:
         arguments: Mapping[str, Any],
         binding: Binding,
     ) -> Approval | types.InputRequiredResult:
-        token = (params.meta or {}).get(CONFIRMATION_META_KEY)
-        if token is None:
+        raw = (params.meta or {}).get(CONFIRMATION_META_KEY)
+        if raw is None:
             raise context_unavailable()  # a confirmation reference is missing: protocol error
         try:
-            kid = token_kid(token)
+            token, kid = read_token(raw)
             keys = self.ring.keys
             host_key = keys.hosts.get(kid)
             if host_key is None or kid != binding.kid:

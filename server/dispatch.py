@@ -217,10 +217,10 @@ class Dispatcher:
         started is awaited to its end, and its true outcome is the answer.
         """
         if tool in MUTATING or binding.deadline_ms is None:
-            return await anyio.to_thread.run_sync(run)  # type: ignore[no-any-return]
+            return await anyio.to_thread.run_sync(run)
         remaining = (binding.deadline_ms - self.wall_ms()) / 1000
         with anyio.move_on_after(max(0.0, remaining)):
-            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)  # type: ignore[no-any-return]
+            return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
         raise EngramError(ErrorCode.DEADLINE_EXCEEDED, "deadline passed during the read")
 
     async def _audit(
