@@ -11,6 +11,7 @@ the host tooling and the benchmark alike.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import secrets
 import threading
 import time
@@ -226,20 +227,30 @@ class HostSigner:
 
 
 class ReplayCache:
-    """Each (kid, jti) is accepted once until its token expires; thread-safe, self-pruning."""
+    """Each (kid, jti) is accepted once until its token expires; thread-safe.
+
+    Expired ids leave in expiry order (a heap), so a claim costs O(log n) however many
+    contexts are live.
+    """
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], int] = {}
+        self._seen: set[tuple[str, str]] = set()
+        self._by_expiry: list[tuple[int, str, str]] = []
         self._lock = threading.Lock()
 
     def claim(self, kid: str, jti: str, exp: int, now: float) -> bool:
         with self._lock:
-            if len(self._seen) > 4096:
-                self._seen = {k: e for k, e in self._seen.items() if e + CLOCK_LEEWAY_S >= now}
+            while self._by_expiry and self._by_expiry[0][0] + CLOCK_LEEWAY_S < now:
+                _, old_kid, old_jti = heapq.heappop(self._by_expiry)
+                self._seen.discard((old_kid, old_jti))
             if (kid, jti) in self._seen:
                 return False
-            self._seen[(kid, jti)] = exp
+            self._seen.add((kid, jti))
+            heapq.heappush(self._by_expiry, (exp, kid, jti))
             return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def read_token(token: object) -> tuple[str, str]:
