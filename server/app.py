@@ -73,13 +73,13 @@ def limiter_for(cfg: ServeConfig) -> RateLimiter:
 
 
 async def serve_stdio(cfg: ServeConfig) -> None:
-    # Enter the transport first: the SDK then diverts fd 1 to stderr, so nothing the store
-    # or its libraries print while opening can corrupt the MCP channel.
-    async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as tg:
-        # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
-        front: StdioFront | None = None
-        try:
+    front: StdioFront | None = None
+    try:
+        # Enter the transport first: the SDK then diverts fd 1 to stderr, so nothing the store
+        # or its libraries print while opening can corrupt the MCP channel.
+        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as tg:
+            # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
             if cfg.memory_enabled:
                 # Own the data dir, or relay to the process that does (server/relay.py).
                 front = StdioFront(cfg, tg, partial(owner_socket, cfg))
@@ -89,10 +89,11 @@ async def serve_stdio(cfg: ServeConfig) -> None:
                 server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
             log.info("serving over stdio (%s)", _summary(cfg))
             await server.run(read_stream, write_stream, server.create_initialization_options())
-        finally:
             tg.cancel_scope.cancel()
-            if front is not None:
-                front.close()
+    finally:
+        # After the task group: no handler or socket request is still using the engine.
+        if front is not None:
+            front.close()
 
 
 def build_server_for(front: StdioFront) -> Server[Any]:
