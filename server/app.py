@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -74,26 +75,35 @@ def limiter_for(cfg: ServeConfig) -> RateLimiter:
 
 async def serve_stdio(cfg: ServeConfig) -> None:
     front: StdioFront | None = None
-    try:
-        # Enter the transport first: the SDK then diverts fd 1 to stderr, so nothing the store
-        # or its libraries print while opening can corrupt the MCP channel.
-        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as tg:
-            # A host stopping us with SIGTERM/SIGINT still gets a clean engine close.
-            tg.start_soon(_cancel_on_signal, tg.cancel_scope)
-            if cfg.memory_enabled:
-                # Own the data dir, or relay to the process that does (server/relay.py).
-                front = StdioFront(cfg, tg, partial(owner_socket, cfg))
-                await front.start()
-                server = build_server_for(front)
-            else:
-                server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
-            log.info("serving over stdio (%s)", _summary(cfg))
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-            tg.cancel_scope.cancel()
-    finally:
-        # After the task group: no handler or socket request is still using the engine.
-        if front is not None:
-            front.close()
+    signalled: list[int] = []
+    # Enter the transport first: the SDK then diverts fd 1 to stderr, so nothing the store
+    # or its libraries print while opening can corrupt the MCP channel.
+    async with stdio_server() as (read_stream, write_stream):
+        try:
+            async with anyio.create_task_group() as tg:
+                # A host (or a terminal's Ctrl-C) stopping us still gets a clean engine close.
+                tg.start_soon(_cancel_on_signal, tg.cancel_scope, signalled)
+                if cfg.memory_enabled:
+                    # Own the data dir, or relay to the process that does (server/relay.py).
+                    front = StdioFront(cfg, tg, partial(owner_socket, cfg))
+                    await front.start()
+                    server = build_server_for(front)
+                else:
+                    server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
+                log.info("serving over stdio (%s)", _summary(cfg))
+                log.info("waiting for an MCP client on stdin (Ctrl-D or Ctrl-C stops the server)")
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+        finally:
+            # After the task group: no handler or socket request is still using the engine.
+            if front is not None:
+                front.close()
+        if signalled:
+            # The SDK's stdin reader is a thread blocked in read(); it ends only at EOF, which
+            # a terminal never sends on Ctrl-C. Everything is closed: leave now.
+            log.info("stopped")
+            logging.shutdown()
+            os._exit(0)
 
 
 def build_server_for(front: StdioFront) -> Server[Any]:
@@ -123,10 +133,12 @@ async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskSta
     await serve_socket(app, path, sock)
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+async def _cancel_on_signal(scope: anyio.CancelScope, signalled: list[int] | None = None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("signal %d: shutting down", signum)
+            if signalled is not None:
+                signalled.append(signum)
             scope.cancel()
             return
 

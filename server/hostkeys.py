@@ -136,6 +136,8 @@ def keygen(out_dir: Path, kid: str, server_id: str = DEFAULT_SERVER_ID) -> Keyge
     """Write ``NAME.private.pem`` and ``NAME.token`` (0600) and add the host to ``host-keys.toml``."""
     if not HOST_ID_PATTERN.match(kid):
         raise ConfigError("kid must be 1-128 of A-Z a-z 0-9 . _ : @ - (starting with a letter or digit)")
+    if not HOST_ID_PATTERN.match(server_id):
+        raise ConfigError("server_id must be 1-128 of A-Z a-z 0-9 . _ : @ - (starting with a letter or digit)")
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     keys_path = out_dir / "host-keys.toml"
     if keys_path.exists():
@@ -147,10 +149,10 @@ def keygen(out_dir: Path, kid: str, server_id: str = DEFAULT_SERVER_ID) -> Keyge
         text = f'server_id = "{server_id}"\n'
     key = new_private_key()
     token = new_bearer_token()
+    text = text.rstrip("\n") + "\n" + host_entry(kid, public_pem(key), bearer_digest(token))
+    tomllib.loads(text)  # what we are about to write parses, before any file is written
     priv, tok = out_dir / f"{kid}.private.pem", out_dir / f"{kid}.token"
     _write_private(priv, private_pem(key))
     _write_private(tok, token.encode("ascii") + b"\n")
-    text = text.rstrip("\n") + "\n" + host_entry(kid, public_pem(key), bearer_digest(token))
     _write_private(keys_path, text.encode("utf-8"))
-    load_host_keys(keys_path)  # what we wrote must parse
     return Keygen(priv, tok, keys_path)

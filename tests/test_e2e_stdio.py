@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -406,3 +407,26 @@ def test_console_script_is_installed() -> None:
     assert proc.returncode == 0 and "--purpose-ref" in proc.stdout
     top = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert "serve" in top.stdout and "rebuild-index" in top.stdout
+
+
+def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_dir_factory) -> None:
+    """A terminal's Ctrl-C never closes stdin: the server must still stop, cleanly."""
+    data_dir = data_dir_factory("ctrlc")
+    proc = subprocess.Popen(serve_argv(data_dir, extra=LEXICAL_ONLY), env=offline_env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (data_dir / "engram.sock").exists():  # the store is open and serving
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert out == b""
+    text = err.decode()
+    assert "waiting for an MCP client on stdin (Ctrl-D or Ctrl-C stops the server)" in text
+    assert "stopped" in text and "Traceback" not in text
+    assert not (data_dir / "engram.sock").exists()  # the owner socket went with it
