@@ -22,7 +22,7 @@ from engram_memory.server.gate import ConfirmationGate
 from engram_memory.server.http import http_url, signed_http_app
 from engram_memory.server.local import bind_socket, ensure_local_key, local_ring, serve_socket, socket_path
 from engram_memory.server.ratelimit import RateLimiter
-from engram_memory.server.relay import StdioFront
+from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
 from engram_memory.server.tools import INSTRUCTIONS
 from engram_memory.store.engine import Engine
 
@@ -86,8 +86,8 @@ async def serve_stdio(cfg: ServeConfig) -> None:
                 if cfg.memory_enabled:
                     # Own the data dir, or relay to the process that does (server/relay.py).
                     front = StdioFront(cfg, tg, partial(owner_socket, cfg))
-                    await front.start()
-                    server = build_server_for(front)
+                    ready = await front.start()
+                    server = build_server_for(front, INSTRUCTIONS + ("" if ready else UNAVAILABLE_INSTRUCTIONS))
                 else:
                     server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
                 log.info("serving over stdio (%s)", _summary(cfg))
@@ -106,12 +106,12 @@ async def serve_stdio(cfg: ServeConfig) -> None:
             os._exit(0)
 
 
-def build_server_for(front: StdioFront) -> Server[Any]:
+def build_server_for(front: StdioFront, instructions: str) -> Server[Any]:
     return Server(
         SERVER_NAME,
         version=server_version(),
         title="Engram memory",
-        instructions=INSTRUCTIONS,
+        instructions=instructions,
         on_list_tools=front.list_tools,
         on_call_tool=front.call_tool,
     )

@@ -55,7 +55,12 @@ from engram_memory.store.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
 
-TAKEOVER_S = 60.0  # how long a launch keeps trying to own or reach the directory
+TAKEOVER_S = 60.0  # how long a relayed call keeps trying to own or reach the directory
+START_S = 10.0  # how long a launch tries before it answers STORE_UNAVAILABLE (and keeps trying)
+UNAVAILABLE_INSTRUCTIONS = (
+    " Memory is unavailable right now: another engram-memory process owns its data directory and"
+    " does not answer. Every call answers STORE_UNAVAILABLE (retriable) until it does."
+)
 RETRY_PAUSE_S = 0.2
 CONTEXT_TTL_S = 120
 # The owner's own answers; any other failure means the owner did not answer definitively.
@@ -87,26 +92,47 @@ class StdioFront:
         self._generation = 0
         self._close_connection: anyio.Event | None = None
         self._lock = anyio.Lock()
+        self.unavailable = False  # True from a failed start until the directory is reached
 
     # -- owning or reaching the directory -------------------------------------------------
 
-    async def start(self) -> None:
-        await self._acquire()
+    async def start(self) -> bool:
+        """Own or reach the directory; False: not yet (calls answer STORE_UNAVAILABLE meanwhile)."""
+        try:
+            await self._acquire(START_S)
+        except OwnerUnavailable:
+            self.unavailable = True
+            log.error("data dir %s is owned by a process that does not answer; retrying in the background",
+                      self.cfg.data_dir)
+            self.tg.start_soon(self._keep_trying)
+            return False
+        return True
 
-    async def _acquire(self) -> None:
+    async def _keep_trying(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await self._acquire(TAKEOVER_S)
+                return
+            except OwnerUnavailable:
+                await anyio.sleep(1.0)
+
+    async def _acquire(self, patience: float = TAKEOVER_S) -> None:
         from engram_memory.server.app import launch_dispatcher, open_engine
 
-        deadline = time.monotonic() + TAKEOVER_S
+        deadline = time.monotonic() + patience
         while True:
             try:
                 engine = await anyio.to_thread.run_sync(open_engine, self.cfg)
             except StoreBusyError:
                 if await self._connect():
+                    self.unavailable = False
                     return
             else:
                 self.engine = engine
                 self.local = launch_dispatcher(self.cfg, engine, self.gate)
                 await self.tg.start(self.owner_services, engine)
+                self.unavailable = False
                 log.info("this launch owns %s", self.cfg.data_dir)
                 return
             if time.monotonic() > deadline:
@@ -173,6 +199,8 @@ class StdioFront:
         entry = self.registry.resolve(params.name)
         if entry is None:
             raise to_mcp_error(unknown_tool())
+        if self.unavailable:  # neither owner nor relay yet: a clear, retriable answer
+            return envelope_result(failure(ErrorCode.STORE_UNAVAILABLE, new_audit_id()))
         tool = entry.tool
         arguments: dict[str, Any] = dict(params.arguments or {})
         try:

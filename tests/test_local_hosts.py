@@ -140,3 +140,29 @@ async def test_owner_killed_mid_load_loses_nothing(start_server: Any, data_dir_f
                 assert len(records) == per_host
                 hits = found_ids(await mcp.call("search", search_args("Takeover load record", limit=50)))
                 assert set(hits) == records
+
+
+async def test_an_owner_that_does_not_answer_still_gets_a_handshake_and_clear_errors(
+    start_server: Any, data_dir_factory: Any
+) -> None:
+    """The lock is held by something that serves no socket (here: this test): the launch still
+    completes the handshake, says why in its instructions, answers STORE_UNAVAILABLE (retriable),
+    and takes the directory over once it is free."""
+    import fcntl
+
+    data_dir = data_dir_factory("stuck") / "data"
+    data_dir.mkdir(mode=0o700)
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        async with start_server(data_dir, context=A, extra=["--no-semantic"]) as a:
+            assert "unavailable" in (a.init.instructions or "")
+            answer = await a.call("search", search_args("anything"))
+            assert answer["error"]["code"] == "STORE_UNAVAILABLE" and answer["error"]["retriable"] is True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            with anyio.fail_after(30):
+                while not (await a.call("search", search_args("anything")))["ok"]:
+                    await anyio.sleep(0.3)
+            assert "this launch owns" in a.stderr()
+    finally:
+        os.close(fd)
