@@ -103,6 +103,7 @@ def serve(
     flags = {k: v for k, v in locals().items() if k not in ("config", "log_level")}
     try:
         cfg = load_config(flags, config)
+        cfg.preflight()
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     reason = None if cfg.http else cfg.disabled_reason()
@@ -144,6 +145,7 @@ def daemon(
     flags = {"data_dir": data_dir, "model_path": model_path, "semantic": semantic}
     try:
         cfg = load_config(flags, config)
+        cfg.preflight()
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     import anyio

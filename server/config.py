@@ -14,6 +14,7 @@ keys may use dashes), the model's defaults. Every refusal is a one-line :class:`
 from __future__ import annotations
 
 import json
+import tempfile
 import tomllib
 import types
 from collections.abc import Iterator, Mapping
@@ -199,6 +200,30 @@ class ServeSettings(BaseSettings, EngineSettings):
             )
         except ValueError as exc:  # HostContext names the offending field, never a value
             raise ConfigError(str(exc)) from None
+
+    def preflight(self) -> None:
+        """What the launch will need from the filesystem, checked before serving (ConfigError)."""
+        data_dir = Path(self.data_dir)
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ConfigError(f"data_dir {data_dir} exists and is not a directory")
+        try:  # serving creates it anyway; a probe file proves it is writable
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=data_dir):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"data_dir {data_dir} is not usable: {exc.strerror or exc}") from None
+        if self.semantic and self.model_path is not None:
+            model = Path(self.model_path)
+            if not model.is_dir():
+                raise ConfigError(f"model_path {model} does not exist (omit it to use the packaged model)")
+            if not ((model / "modules.json").is_file() or (model / "config.json").is_file()):
+                raise ConfigError(f"model_path {model} is not a sentence-transformers model (no modules.json)")
+        if self.host_keys is not None:
+            from engram_memory.server.hostkeys import load_host_keys
+
+            keys = load_host_keys(Path(self.host_keys))
+            if not keys.hosts:
+                raise ConfigError(f"host-keys file {self.host_keys} lists no [[host]]: no host could call")
 
     def disabled_reason(self) -> str | None:
         """Why memory is off, for the operator's log (None when it is on)."""

@@ -430,3 +430,40 @@ def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_
     assert "waiting for an MCP client on stdin (Ctrl-D or Ctrl-C stops the server)" in text
     assert "stopped" in text and "Traceback" not in text
     assert not (data_dir / "engram.sock").exists()  # the owner socket went with it
+
+
+@pytest.mark.parametrize("case", ["data-dir-is-file", "data-dir-under-file", "model-path-missing",
+                                  "model-path-not-a-model", "host-keys-missing", "host-keys-empty"])
+def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_env, tmp_path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    data_dir, extra = tmp_path / "data", []
+    expected = {
+        "data-dir-is-file": f"data_dir {afile} exists and is not a directory",
+        "data-dir-under-file": f"data_dir {afile}/sub is not usable: Not a directory",
+        "model-path-missing": f"model_path {tmp_path}/nope does not exist (omit it to use the packaged model)",
+        "model-path-not-a-model": f"model_path {tmp_path} is not a sentence-transformers model (no modules.json)",
+        "host-keys-missing": f"host-keys file not found: {tmp_path}/keys.toml",
+        "host-keys-empty": f"host-keys file {tmp_path}/empty.toml lists no [[host]]: no host could call",
+    }[case]
+    if case == "data-dir-is-file":
+        data_dir = afile
+    elif case == "data-dir-under-file":
+        data_dir = afile / "sub"
+    elif case == "model-path-missing":
+        extra = ["--model-path", str(tmp_path / "nope")]
+    elif case == "model-path-not-a-model":
+        extra = ["--model-path", str(tmp_path)]
+    if case.startswith("host-keys"):
+        (tmp_path / "empty.toml").write_text('server_id = "engram-local"\n')
+        name = "keys.toml" if case == "host-keys-missing" else "empty.toml"
+        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", "127.0.0.1:1",
+                "--host-keys", str(tmp_path / name), "--data-dir", str(data_dir)]
+    else:
+        argv = serve_argv(data_dir, extra=extra)
+    proc = subprocess.run(argv, env=offline_env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1] == "engram-memory: error: " + expected
+    assert "Traceback" not in proc.stderr
