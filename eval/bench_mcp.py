@@ -139,7 +139,9 @@ async def _run(argv: list[str], env: dict[str, str], ctx: Any, queries: list[str
                     if env_.get("ok"):
                         break
                     code = (env_.get("error") or {}).get("code")
-                    if code != "RANKING_UNAVAILABLE":
+                    # RANKING_UNAVAILABLE: the model is loading; STORE_UNAVAILABLE: the bench's own
+                    # engine is still letting go of the store and the server is taking it over.
+                    if code not in ("RANKING_UNAVAILABLE", "STORE_UNAVAILABLE"):
                         raise McpBenchError(f"server search failed: {code}: {(env_.get('error') or {}).get('message')}")
                     if time.monotonic() > deadline:
                         raise McpBenchError(f"embedding model not ready after {ready_timeout:.0f} s (see {log_path})")
