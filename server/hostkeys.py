@@ -105,7 +105,7 @@ def load_host_keys(path: Path) -> HostKeys:
 # ---- keygen (host tooling) -------------------------------------------------------------------
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_owner_only(path: Path, data: bytes) -> None:
     """Create (or replace) a file readable by its owner only, never briefly wider."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -152,7 +152,7 @@ def keygen(out_dir: Path, kid: str, server_id: str = DEFAULT_SERVER_ID) -> Keyge
     text = text.rstrip("\n") + "\n" + host_entry(kid, public_pem(key), bearer_digest(token))
     tomllib.loads(text)  # what we are about to write parses, before any file is written
     priv, tok = out_dir / f"{kid}.private.pem", out_dir / f"{kid}.token"
-    _write_private(priv, private_pem(key))
-    _write_private(tok, token.encode("ascii") + b"\n")
-    _write_private(keys_path, text.encode("utf-8"))
+    write_owner_only(priv, private_pem(key))
+    write_owner_only(tok, token.encode("ascii") + b"\n")
+    write_owner_only(keys_path, text.encode("utf-8"))
     return Keygen(priv, tok, keys_path)

@@ -35,7 +35,7 @@ from engram_memory.models.hostauth import (
     private_pem,
 )
 from engram_memory.server.binding import KeyRing
-from engram_memory.server.hostkeys import HostKey, HostKeys
+from engram_memory.server.hostkeys import HostKey, HostKeys, write_owner_only
 
 log = logging.getLogger("engram_memory.server")
 
@@ -59,24 +59,12 @@ class LocalKey:
     token: str
 
 
-def _write_owner_only(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 def ensure_local_key(data_dir: Path) -> LocalKey:
     """The directory's local host key, created once by the owner (it holds the lock)."""
     key_path, token_path = data_dir / KEY_NAME, data_dir / TOKEN_NAME
     if not (key_path.exists() and token_path.exists()):
-        _write_owner_only(token_path, new_bearer_token().encode("ascii"))
-        _write_owner_only(key_path, private_pem(new_private_key()))
+        write_owner_only(token_path, new_bearer_token().encode("ascii"))
+        write_owner_only(key_path, private_pem(new_private_key()))
     return read_local_key(data_dir)
 
 
