@@ -15,6 +15,8 @@ from anyio.abc import TaskStatus
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
+from engram_memory.models.schema import input_schema
 from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
@@ -53,7 +55,15 @@ def build_server(dispatcher: Dispatcher, instructions: str = INSTRUCTIONS) -> Se
         instructions=instructions,
         on_list_tools=dispatcher.list_tools,
         on_call_tool=dispatcher.call_tool,
+        get_tool_input_schema=tool_input_schema,
     )
+
+
+def tool_input_schema(name: str) -> dict[str, Any] | None:
+    """For the SDK's Mcp-Param header check over HTTP: without it the SDK runs an (unsigned)
+    tools/list of its own before every call. Schemas do not depend on the grant."""
+    tool = name.removeprefix(TOOL_PREFIX)
+    return input_schema(tool) if name.startswith(TOOL_PREFIX) and tool in ALL_TOOLS else None
 
 
 def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: ConfirmationGate | None = None) -> Dispatcher:
@@ -114,6 +124,7 @@ def build_server_for(front: StdioFront, instructions: str) -> Server[Any]:
         instructions=instructions,
         on_list_tools=front.list_tools,
         on_call_tool=front.call_tool,
+        get_tool_input_schema=tool_input_schema,
     )
 
 

@@ -166,4 +166,8 @@ async def signed_client(url: str, kit: HostKit, kid: str, host: HostContext, *,
     bearer = kit.token(kid) if token is None else token
     http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}, timeout=httpx2.Timeout(30, read=300))
     async with http, Client(streamable_http_client(url, http_client=http)) as client:
-        yield SignedClient(client, kit.signer(kid), host, **kw)
+        signed = SignedClient(client, kit.signer(kid), host, **kw)
+        # A signed listing first: the SDK client then knows the tools' output schemas and does
+        # not list again (unsigned) before each result.
+        await signed.list_names()
+        yield signed
