@@ -22,7 +22,16 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.hostauth import CONFIRMATION_META_KEY, CONTEXT_META_KEY, HostSigner, new_private_key
 from engram_memory.server.hostkeys import host_entry
 from tests.conftest import PURPOSE, capture_args, check_result, get_args, key, search_args
-from tests.http_fixtures import HostKit, HttpServer, SignedClient, host_context, http_server, signed_client
+from tests.http_fixtures import (
+    HostKit,
+    HttpServer,
+    SignedClient,
+    free_port,
+    host_context,
+    http_server,
+    signed_client,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -556,3 +565,19 @@ async def test_audit_rows_carry_identity_outcome_and_jti_but_no_arguments(
         for value in row.values():
             for text in forbidden:
                 assert text not in str(value), (text, row)
+
+
+def test_allow_remote_binds_beyond_loopback_and_warns_about_tls(kit: HostKit, tmp_path: Path,
+                                                                offline_env: dict[str, str]) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"0.0.0.0:{port}", "--allow-remote",
+            "--data-dir", str(tmp_path / "data"), "--host-keys", str(kit.host_keys), "--no-semantic"]
+    proc = subprocess.Popen(argv, env=offline_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert out == b""
+    assert b"TLS must terminate in front of this server" in err
