@@ -45,6 +45,7 @@ from engram_memory.models.tools import (
 from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
+from engram_memory.store.audit import AuditWriter
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
 from engram_memory.store.db import Database, StoreBusyError
 from engram_memory.store.lifecycle import Lifecycle, lexical_fields, record_context
@@ -78,6 +79,7 @@ class Engine:
                  lexical: LexicalConfig = REFERENCE_PROFILE) -> None:
         config = self.config = settings
         self.db = db
+        self.audit = AuditWriter(db)
         self.clock = clock or default_clock()
         self.keys = KeyStore(config.data_dir)
         self.policy = config.host_policy()
@@ -130,6 +132,7 @@ class Engine:
         with self._rw.write():
             self._closed = True
             self._views.clear()
+            self.audit.close()
             self.projections.close()
             self.db.close()
 
@@ -531,13 +534,10 @@ class Engine:
         idk = None
         if event.idempotency_key is not None:
             idk = "idk_" + hashlib.sha256(event.idempotency_key.encode("utf-8")).hexdigest()[:12]
-        # On this thread's own connection, outside the engine lock: an audit row of a read
-        # must not queue behind writes or stop other reads (appends to audit never conflict).
-        self.db.reader().execute(
-            "INSERT INTO audit (audit_id, called_at, scope_ref, principal, agent_id, session, tool, ok,"
-            " code, idk, context_jti) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        # Queued for the audit writer (store/audit.py): one commit per batch, not per call.
+        self.audit.append(
             [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
-             ctx.session, event.tool, event.ok, event.code, idk, event.context_jti],
+             ctx.session, event.tool, event.ok, event.code, idk, event.context_jti]
         )
 
 

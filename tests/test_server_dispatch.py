@@ -26,6 +26,7 @@ async def test_store_failure_becomes_an_envelope(data_dir_factory) -> None:
         adm = check_result(await c.call_tool("engram_memory_request_admission", {
             "candidate_id": cap["output"]["value"]["candidate_id"], "idempotency_key": "admit-before-failure"}))
         record_id = adm["output"]["value"]["outcome"]["record_id"]
+        engine.audit.close()  # its thread holds a cursor: stop it first, then
         engine.db.close()  # the store goes away under a live server
         # Eligibility is answered from memory; the record body is not cached yet, so the read
         # needs the store and must say it is unavailable (retriable), not raise.
