@@ -38,7 +38,7 @@ from engram_memory.store.db import Database
 from engram_memory.store.policy import DefaultAdmissionPolicy
 from engram_memory.store.timeutil import from_instant, to_instant
 
-ASSERTED_VERIFIER = "graphify-memory:asserted"
+ASSERTED_VERIFIER = "engram-memory:asserted"  # this server's name (the reference says graphify-memory)
 EXPIRABLE_STATES_SQL = "state IN (" + ", ".join(f"'{s}'" for s in EXPIRABLE) + ")"
 CURRENT = RecordState.ACCEPTED_CURRENT
 
