@@ -111,14 +111,32 @@ class _QuietServer(uvicorn.Server):
 
 
 async def serve_socket(app: Any, path: Path, sock: socket.socket) -> None:
-    """Serve ``app`` on the bound owner socket until cancelled; the socket file goes with it."""
-    server = _QuietServer(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
+    """Serve ``app`` on the bound owner socket until cancelled, then stop uvicorn gracefully
+    (a cancelled uvicorn logs its lifespan as a traceback); the socket file goes with it."""
+    server = _QuietServer(
+        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2)
+    )
+    stopped = anyio.Event()
+
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):  # stopped by should_exit, never by cancellation
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                stopped.set()
+
     log.info("local hosts can share this memory through %s", path)
     try:
-        await server.serve(sockets=[sock])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            try:
+                await stopped.wait()
+            finally:
+                server.should_exit = True
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await stopped.wait()
+                server.force_exit = True
     finally:
-        with anyio.CancelScope(shield=True):
-            server.should_exit = True
         sock.close()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
