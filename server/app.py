@@ -31,7 +31,11 @@ from engram_memory.store.engine import Engine
 log = logging.getLogger("engram_memory.server")
 
 SERVER_NAME = "engram-memory"
-DISABLED_INSTRUCTIONS = "Engram memory is disabled for this agent: the host granted no memory tool."
+DISABLED_INSTRUCTIONS = (
+    "Engram memory is disabled for this agent: the host granted no memory tool ({reason})."
+    " The host operator enables it with --tenant, --workspace, --principal, --agent-id, --purpose-ref"
+    " and --tools (see engram-memory serve --help)."
+)
 
 
 def server_version() -> str:
@@ -99,7 +103,8 @@ async def serve_stdio(cfg: ServeConfig) -> None:
                     ready = await front.start()
                     server = build_server_for(front, INSTRUCTIONS + ("" if ready else UNAVAILABLE_INSTRUCTIONS))
                 else:
-                    server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS)
+                    reason = cfg.disabled_reason() or "memory disabled"
+                    server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS.format(reason=reason))
                 log.info("serving over stdio (%s)", _summary(cfg))
                 log.info("waiting for an MCP client on stdin (Ctrl-D or Ctrl-C stops the server)")
                 await server.run(read_stream, write_stream, server.create_initialization_options())

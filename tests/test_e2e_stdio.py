@@ -276,7 +276,10 @@ async def test_memory_disabled_lists_nothing(start_server, data_dir_factory, con
         assert (await mcp.session.list_tools()).tools == []
         err = await mcp.call_error("search", search_args("x"))
         assert (err.code, err.message) == (-32602, "Unknown tool")
-        assert "disabled" in (mcp.init.instructions or "")
+        instructions = mcp.init.instructions or ""
+        assert "disabled" in instructions and "--tools" in instructions
+        # The client learns why, not only the operator's stderr.
+        assert ("missing: " in instructions) if tools else ("no tool granted" in instructions)
 
 
 async def test_client_without_elicitation_cannot_forget(start_server, data_dir_factory) -> None:
