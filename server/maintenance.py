@@ -1,4 +1,9 @@
-"""Host-only maintenance commands (never agent tools): rebuild-index."""
+"""Host-only maintenance commands (never agent tools): rebuild-index.
+
+Every option is checked before any work, and a user error is one ``engram-memory: error:``
+line on stderr with exit code 2 (nothing on stdout, nothing created); exit code 1 means only
+that ``--verify`` found differences.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,36 @@ from typing import Annotated
 
 import typer
 
-from engram_memory.models.context import HostContext
+from engram_memory.models.context import HOST_ID_PATTERN
+
+EXIT_DIFFERENCES = 1  # --verify found differences
+EXIT_USAGE = 2  # a usage error: a bad option, no store there, a busy data dir
+KNOWN_SHOWN = 20  # scopes named in an unknown-scope error before "and N more"
+
+
+def _fail(message: str) -> typer.Exit:
+    sys.stderr.write(f"engram-memory: error: {message}\n")
+    sys.stderr.flush()
+    return typer.Exit(EXIT_USAGE)
+
+
+def _pair(scope_ref: str) -> str:
+    """``tenant:T/workspace:W`` as the operator wrote it: ``T/W``."""
+    from engram_memory.store.rebuild import scope_names
+
+    names = scope_names(scope_ref)
+    return f"{names[0]}/{names[1]}" if names else scope_ref
+
+
+def _check_model_path(model_path: Path) -> str | None:
+    """Why ``--model-path`` cannot be used (the same checks as ``serve``), or None."""
+    if not model_path.exists():
+        return f"--model-path {model_path} does not exist (omit it to use the packaged model)"
+    if not model_path.is_dir():
+        return f"--model-path {model_path} is not a directory"
+    if not ((model_path / "modules.json").is_file() or (model_path / "config.json").is_file()):
+        return f"--model-path {model_path} is not a sentence-transformers model (no modules.json)"
+    return None
 
 
 def rebuild_index_cmd(
@@ -20,29 +54,54 @@ def rebuild_index_cmd(
     model_path: Annotated[Path | None, typer.Option("--model-path", help="Local embedding model directory.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Rebuild the search projections (Tantivy + vectors) from DuckDB; refuses while a server runs."""
+    """Rebuild the search projections (Tantivy + vectors) of an existing store from DuckDB; refuses while a
+    server runs."""
     from engram_memory.server.config import default_data_dir
-    from engram_memory.store.db import StoreBusyError
-    from engram_memory.store.rebuild import rebuild_index
 
+    # 1. The options alone, before touching the filesystem.
     scope_ref = None
-    if tenant or workspace:
+    if tenant is not None or workspace is not None:
         if not (tenant and workspace):
-            sys.stderr.write("engram-memory: error: --tenant and --workspace go together\n")
-            raise typer.Exit(2)
-        scope_ref = HostContext(tenant, workspace, "host", "host", "purpose:maintenance").scope_ref
+            raise _fail("--tenant and --workspace go together")
+        for flag, value in (("--tenant", tenant), ("--workspace", workspace)):
+            if not HOST_ID_PATTERN.match(value):
+                raise _fail(f"{flag} {value!r} is not a valid name (letters, digits and . _ : @ -,"
+                            " starting with a letter or digit, at most 128 characters)")
+        scope_ref = f"tenant:{tenant}/workspace:{workspace}"
+    if model_path is not None:
+        problem = _check_model_path(model_path)
+        if problem:
+            raise _fail(problem)
     target = data_dir or default_data_dir()
+
+    # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).
+    from engram_memory.store.db import StoreBusyError
+    from engram_memory.store.rebuild import NoStoreError, UnknownScopeError, rebuild_index
+
     try:
         report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path)
     except StoreBusyError:
-        sys.stderr.write(f"engram-memory: error: data dir {target} is in use by a running server; stop it first\n")
-        raise typer.Exit(2) from None
+        raise _fail(f"data dir {target} is in use by a running server; stop it first") from None
+    except NoStoreError as exc:
+        raise _fail(str(exc)) from None
+    except UnknownScopeError as exc:
+        known = [_pair(s) for s in exc.known]
+        listed = ", ".join(known[:KNOWN_SHOWN]) or "none"
+        if len(known) > KNOWN_SHOWN:
+            listed += f" and {len(known) - KNOWN_SHOWN} more"
+        raise _fail(f"no scope {tenant}/{workspace} in the store at {target} (known scopes: {listed})") from None
+
+    # 3. The report (stdout; the progress bar went to stderr).
     if json_out:
         print(json.dumps(report.as_dict(), indent=2))
     else:
+        if not report.scopes:
+            print(f"no scopes in the store at {target}: nothing to rebuild")
         for scope in report.scopes:
+            name = (f"tenant {scope.tenant} / workspace {scope.workspace}" if scope.tenant is not None
+                    else scope.scope_dir)
             status = "identical" if not scope.differences else "; ".join(scope.differences)
-            print(f"scope {scope.scope_dir}: {scope.records} records, {scope.vectors} vectors"
+            print(f"scope {name}: {scope.records} records, {scope.vectors} vectors"
                   + (f" — verify: {status}" if verify else ""))
     if verify and report.differences:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_DIFFERENCES)

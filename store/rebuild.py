@@ -3,25 +3,106 @@
 Embeddings are read back from DuckDB (keyed by record and model digest), so a rebuild never
 re-embeds an unchanged record. ``verify`` builds aside, compares the rebuilt projections
 with the live ones on probe queries, reports any difference, then swaps them in.
+
+A rebuild only ever opens an existing store: an absent or foreign directory, or an unknown
+scope, is refused before anything is created (``existing_scopes`` reads DuckDB read-only).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
+from rich.console import Console
 from rich.progress import Progress
 
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
+from engram_memory.store.db import StoreBusyError
 from engram_memory.store.engine import Engine
 from engram_memory.store.lifecycle import lexical_fields
 
 PROBES = 200
+STORE_FILE = "engram.duckdb"
+LOCK_FILE = ".lock"  # store.db.Database's advisory lock
+
+
+class NoStoreError(ValueError):
+    """The data directory holds no engram-memory store (nothing was created or changed)."""
+
+    def __init__(self, data_dir: Path, reason: str) -> None:
+        super().__init__(f"no engram-memory store at {data_dir} ({reason})")
+        self.data_dir, self.reason = data_dir, reason
+
+
+class UnknownScopeError(LookupError):
+    """The store has no such scope (nothing was created or changed); ``known`` lists its scopes."""
+
+    def __init__(self, scope_ref: str, known: list[str]) -> None:
+        super().__init__(f"unknown scope {scope_ref}")
+        self.scope_ref, self.known = scope_ref, known
+
+
+def scope_names(scope_ref: str) -> tuple[str, str] | None:
+    """``tenant:T/workspace:W`` -> (T, W); None for anything else. Host ids never contain '/'."""
+    tenant, sep, workspace = scope_ref.partition("/")
+    if sep and tenant.startswith("tenant:") and workspace.startswith("workspace:"):
+        return tenant.removeprefix("tenant:"), workspace.removeprefix("workspace:")
+    return None
+
+
+def _held_by_another(data_dir: Path) -> bool:
+    """Whether a running server holds the directory's advisory lock (the lock file is never created)."""
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
+
+
+def existing_scopes(data_dir: Path) -> list[str]:
+    """The scope_refs of the store at ``data_dir``, read without creating or changing anything.
+
+    Raises NoStoreError (no such directory, not a directory, no ``engram.duckdb``, not an
+    engram-memory database) and StoreBusyError (a server owns the directory)."""
+    try:
+        if not data_dir.exists():
+            raise NoStoreError(data_dir, "the directory does not exist")
+        if not data_dir.is_dir():
+            raise NoStoreError(data_dir, "not a directory")
+        if not (data_dir / STORE_FILE).is_file():
+            raise NoStoreError(data_dir, f"no {STORE_FILE}")
+        busy = _held_by_another(data_dir)
+    except OSError as exc:
+        raise NoStoreError(data_dir, f"cannot read it: {exc.strerror or exc}") from None
+    if busy:
+        raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process")
+    try:
+        con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
+    except duckdb.IOException as exc:
+        if "could not set lock" in str(exc).lower():  # (the path is in the message: match the phrase)
+            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
+        raise NoStoreError(data_dir, f"{STORE_FILE} is not a DuckDB database") from None
+    try:
+        rows = con.execute("SELECT scope_ref FROM scopes ORDER BY scope_ref").fetchall()
+    except duckdb.CatalogException:
+        raise NoStoreError(data_dir, f"{STORE_FILE} is not an engram-memory database") from None
+    finally:
+        con.close()
+    return [str(row[0]) for row in rows]
 
 
 @dataclass
@@ -30,6 +111,21 @@ class ScopeReport:
     records: int
     vectors: int
     differences: list[str] = field(default_factory=list)
+    scope_ref: str = ""
+
+    @property
+    def tenant(self) -> str | None:
+        names = scope_names(self.scope_ref)
+        return names[0] if names else None
+
+    @property
+    def workspace(self) -> str | None:
+        names = scope_names(self.scope_ref)
+        return names[1] if names else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "workspace": self.workspace, "scope_dir": self.scope_dir,
+                "records": self.records, "vectors": self.vectors, "differences": self.differences}
 
 
 @dataclass
@@ -41,7 +137,7 @@ class RebuildReport:
         return sum(len(s.differences) for s in self.scopes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scopes": [s.__dict__ for s in self.scopes], "differences": self.differences}
+        return {"scopes": [s.as_dict() for s in self.scopes], "differences": self.differences}
 
 
 def _probe_queries(records: list[dict[str, Any]]) -> list[str]:
@@ -78,14 +174,21 @@ def _compare(live: Projections, built: Projections, scope_ref: str, records: lis
 def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = False,
                   model_path: Path | None = None, show_progress: bool = True, semantic: bool = True
                   ) -> RebuildReport:
-    """Raises StoreBusyError when a server owns the data directory."""
+    """Raises StoreBusyError when a server owns the data directory; NoStoreError when it holds no
+    store and UnknownScopeError for a scope the store does not have (both before any change)."""
+    known = existing_scopes(data_dir)
+    if scope_ref is not None and scope_ref not in known:
+        raise UnknownScopeError(scope_ref, known)
+    if not known:
+        return RebuildReport([])  # nothing to rebuild: not even the model is loaded
     engine = Engine.open(EngineSettings(data_dir=data_dir, model_path=model_path, semantic=semantic))
     try:
         if engine.embedder is not None:
             engine.wait_semantic(600)  # records admitted before the model was ready get embedded now
         scopes = [scope_ref] if scope_ref else engine.scopes()
         reports = []
-        with Progress(disable=not show_progress, transient=False) as progress:
+        # stdout carries the report (--json): the progress bar goes to stderr.
+        with Progress(console=Console(stderr=True), disable=not show_progress, transient=False) as progress:
             task = progress.add_task("rebuilding projections", total=len(scopes))
             for scope in scopes:
                 records = engine.live_records(scope)
@@ -93,7 +196,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
                 docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
                 cursor = engine.projection_cursor(scope)
                 report = ScopeReport(engine.projections.scope_dir(scope).name, len(records),
-                                     len(vectors[0]) if vectors else 0)
+                                     len(vectors[0]) if vectors else 0, scope_ref=scope)
                 if verify:
                     aside = data_dir / "projections.rebuild"
                     shutil.rmtree(aside, ignore_errors=True)

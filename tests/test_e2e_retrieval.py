@@ -267,10 +267,10 @@ async def test_missing_model_is_ranking_unavailable_and_lexical_still_works(star
         assert ids_of(explicit) == [record_id]
 
 
-async def test_rebuild_index_with_missing_model_finishes_promptly(
+async def test_rebuild_index_with_missing_model_is_refused_promptly(
     start_server, data_dir_factory, offline_env
 ) -> None:
-    """A broken model makes the semantic channel unavailable, never a crash (README) -- nor a stall."""
+    """A mistyped --model-path is a one-line refusal before any work (it used to rebuild with 0 vectors)."""
     data_dir = data_dir_factory("rebuild-nomodel")
     async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
         record_id = await admit(mcp, "Keep the lexical projection when the model directory is gone.")
@@ -281,10 +281,12 @@ async def test_rebuild_index_with_missing_model_finishes_promptly(
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"rebuild-index --model-path /nonexistent still running after {exc.timeout} s"
                     f" (stderr: {exc.stderr!r})")
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert time.monotonic() - t0 < 20
-    assert "scope " in proc.stdout and ": 1 records, 0 vectors" in proc.stdout, proc.stdout
-    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "engram-memory: error: --model-path /nonexistent does not exist (omit it to use the packaged model)")
+    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:  # the store is untouched
         assert ids_of(await mcp.call("search", search_args("lexical projection model directory"))) == [record_id]
 
 
