@@ -218,6 +218,14 @@ class ServeSettings(BaseSettings, EngineSettings):
                 raise ConfigError(f"model_path {model} does not exist (omit it to use the packaged model)")
             if not ((model / "modules.json").is_file() or (model / "config.json").is_file()):
                 raise ConfigError(f"model_path {model} is not a sentence-transformers model (no modules.json)")
+            # A model the operator chose is loaded now, once (the engine reuses it): one that does
+            # not load is a launch mistake, not a channel that stays off for good.
+            from engram_memory.retrieval.embedder import shared_embedder
+
+            embedder = shared_embedder(model, self.encode_threads).start()
+            if not embedder.wait():
+                why = (embedder.error or "unknown error").splitlines()[0][:200]
+                raise ConfigError(f"model_path {model} does not load: {why}")
         if self.host_keys is not None:
             from engram_memory.server.hostkeys import load_host_keys
 

@@ -4,7 +4,8 @@ by the MCP SDK's ClientSession. Nothing of ours is mocked.
 
 The embedding model costs ~10-15 s per process, so it is loaded by exactly two processes here:
 the hybrid server (test 1) and the ``rebuild-index --verify`` run (test 5). Everything else runs
-with ``--no-semantic`` or a model path that does not exist (which fails at once, no import).
+with ``--no-semantic`` (a model path that does not exist is refused at launch; the engine's own
+answer to a vanished model is tested in process).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,12 @@ import anyio
 import pytest
 
 from tests.conftest import (
+    ALL,
+    CONTEXT,
     Human,
     Mcp,
     capture_args,
+    check_result,
     key,
     mcp_server,
     search_args,
@@ -241,8 +246,36 @@ async def test_dbsf_selected_by_the_host_fuses_unclipped_scores_from_the_receipt
 # ---- 2. a missing model: RANKING_UNAVAILABLE, never an empty success --------------------------
 
 
-async def test_missing_model_is_ranking_unavailable_and_lexical_still_works(start_server, data_dir_factory) -> None:
-    async with start_server(data_dir_factory("nomodel"), extra=["--model-path", "/nonexistent"]) as mcp:
+class InProcess:
+    """The real MCP server object over the SDK's in-memory transport (no launch preflight)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return check_result(await self.client.call_tool("engram_memory_" + tool, arguments))
+
+
+@asynccontextmanager
+async def engine_without_model(data_dir: Path) -> AsyncIterator[InProcess]:
+    """A model that vanished after launch (serve refuses a missing one before serving): the
+    engine must keep answering, lexically, and say the semantic channel is unavailable."""
+    from mcp import Client
+
+    from engram_memory.server.app import build_server, launch_dispatcher, open_engine
+    from engram_memory.server.config import load_config
+
+    cfg = load_config(CONTEXT | {"tools": ALL, "data_dir": data_dir, "model_path": Path("/nonexistent")})
+    engine = open_engine(cfg)
+    try:
+        async with Client(build_server(launch_dispatcher(cfg, engine)), mode="legacy") as client:
+            yield InProcess(client)
+    finally:
+        engine.close()
+
+
+async def test_missing_model_is_ranking_unavailable_and_lexical_still_works(data_dir_factory) -> None:
+    async with engine_without_model(data_dir_factory("nomodel")) as mcp:
         record_id = await admit(mcp, "Pin the CPU build of torch next to sentence-transformers.")
         # The failed load is immediate; the answer stays the same, call after call.
         for _ in range(5):

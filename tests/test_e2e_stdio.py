@@ -436,7 +436,8 @@ def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_
 
 
 @pytest.mark.parametrize("case", ["data-dir-is-file", "data-dir-under-file", "model-path-missing",
-                                  "model-path-not-a-model", "host-keys-missing", "host-keys-empty"])
+                                  "model-path-not-a-model", "model-path-broken", "host-keys-missing",
+                                  "host-keys-empty"])
 def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_env, tmp_path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -446,6 +447,8 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
         "data-dir-under-file": f"data_dir {afile}/sub is not usable: Not a directory",
         "model-path-missing": f"model_path {tmp_path}/nope does not exist (omit it to use the packaged model)",
         "model-path-not-a-model": f"model_path {tmp_path} is not a sentence-transformers model (no modules.json)",
+        "model-path-broken": f"model_path {tmp_path}/broken does not load: EmbedderUnavailable: no model weights in"
+                             f" {tmp_path}/broken",
         "host-keys-missing": f"host-keys file not found: {tmp_path}/keys.toml",
         "host-keys-empty": f"host-keys file {tmp_path}/empty.toml lists no [[host]]: no host could call",
     }[case]
@@ -457,6 +460,10 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
         extra = ["--model-path", str(tmp_path / "nope")]
     elif case == "model-path-not-a-model":
         extra = ["--model-path", str(tmp_path)]
+    elif case == "model-path-broken":
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "modules.json").write_text("[]")
+        extra = ["--model-path", str(tmp_path / "broken")]
     if case.startswith("host-keys"):
         (tmp_path / "empty.toml").write_text('server_id = "engram-local"\n')
         name = "keys.toml" if case == "host-keys-missing" else "empty.toml"
