@@ -84,23 +84,43 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20]
 
 
-def record_texts(dataset: Path | None, seed: int = 7) -> Iterator[str]:
-    """An endless stream of record texts: two-sentence chunks of the collection, then pairings.
+SYNTHETIC_WORDS = 20_000
+SYNTHETIC_CHUNKS = 20_000
+
+
+def text_chunks(dataset: Path | None, seed: int = 7) -> list[str]:
+    """The distinct record texts: two-sentence chunks of the collection, or seeded Zipf text.
+
+    The Zipf sampler draws exactly what ``rng.choice(vocab, size, p=p)`` per chunk would (same
+    seed, same texts as earlier benches) with the cumulative distribution built once: the per-call
+    ``choice`` re-built it for every chunk and took over a minute before the first record.
+    """
+    chunks: list[str] = []
+    if dataset is not None:
+        for d in load_collection(dataset).docs:
+            sents = _sentences(d.text) or [d.title or d.text]
+            chunks += [" ".join(sents[i:i + 2]) for i in range(0, len(sents), 2)]
+        return chunks
+    rng = np.random.default_rng(seed)
+    vocab = np.array([f"w{i:05d}" for i in range(SYNTHETIC_WORDS)])
+    ranks = np.arange(1, len(vocab) + 1)
+    p = (1.0 / ranks) / (1.0 / ranks).sum()
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    for _ in range(SYNTHETIC_CHUNKS):
+        size = int(rng.integers(20, 60))
+        chunks.append(" ".join(vocab[cdf.searchsorted(rng.random(size), side="right")]))
+    return chunks
+
+
+def record_texts(dataset: Path | None = None, seed: int = 7, chunks: Sequence[str] | None = None) -> Iterator[str]:
+    """An endless stream of record texts: the chunks (``text_chunks``), then pairings.
 
     Past the collection's chunk count, chunk i is joined with a chunk far away, so every record
     text stays distinct (duplicates would flatter both IDF and the vector index).
     """
-    if dataset is not None:
-        chunks = []
-        for d in load_collection(dataset).docs:
-            sents = _sentences(d.text) or [d.title or d.text]
-            chunks += [" ".join(sents[i:i + 2]) for i in range(0, len(sents), 2)]
-    else:
-        rng = np.random.default_rng(seed)
-        vocab = [f"w{i:05d}" for i in range(20_000)]
-        ranks = np.arange(1, len(vocab) + 1)
-        p = (1.0 / ranks) / (1.0 / ranks).sum()
-        chunks = [" ".join(rng.choice(vocab, size=int(rng.integers(20, 60)), p=p)) for _ in range(20_000)]
+    if chunks is None:
+        chunks = text_chunks(dataset, seed)
     n = len(chunks)
     for i in range(n):
         yield chunks[i]
@@ -144,7 +164,7 @@ def machine() -> dict[str, Any]:
                 ram_gib = round(int(line.split()[1]) / 1024**2, 1)
     except OSError:
         pass
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in PACKAGES:
         try:
             versions[pkg] = version(pkg)
@@ -315,6 +335,10 @@ def run_bench(
     on, so a new engine build is measured at 100k without an hour of re-ingest; sizes the store
     already has report no bulk-ingest figure. ``mcp`` adds the stdio-server run per size,
     ``profile`` > 0 writes a cProfile of that many hybrid searches to OUT/profile-<size>.txt."""
+    t_start = time.perf_counter()
+    _say(f"sizes {', '.join(f'{s:,}' for s in sorted(sizes))}; {n_queries} queries per latency cell, "
+         f"{ops_sample} single ops per size" + (f", peer {peer}" if peer else "") + ("" if mcp else ", no MCP run"))
+    _say(f"loading torch (intra-op threads: {threads or 'the engine default'})")
     torch_threads = set_torch_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -329,37 +353,53 @@ def run_bench(
         peer_ok = peer_lancedb.unavailable()
         if peer_ok:
             print(f"peer lancedb skipped: {peer_ok}", file=sys.stderr)
-    texts = record_texts(dataset)
+    t = time.perf_counter()
+    if dataset is None:
+        _say(f"generating synthetic record text (Zipf over {SYNTHETIC_WORDS:,} words, seed 7)")
+    else:
+        _say(f"reading record text from {dataset} (two-sentence chunks)")
+    chunks = text_chunks(dataset)
+    _say(f"{len(chunks):,} distinct record texts in {time.perf_counter() - t:.1f}s")
+    texts = record_texts(chunks=chunks)
     result: dict[str, Any] = {"machine": machine(), "config": {
         "sizes": list(sizes), "dataset": str(dataset) if dataset else "synthetic-zipf", "queries": n_queries,
         "ops_sample": ops_sample, "chunk": chunk, "limit": LIMIT, "torch_threads": torch_threads,
         "peer": peer, "mcp": mcp, "profile": profile, "searchers": searchers}, "sizes": {}}
-    t_start = time.perf_counter()
     grower: Grower | None = None
     queries: list[str] = []
     for size in sorted(sizes):
         row: dict[str, Any] = {}
+        t = time.perf_counter()
+        _say(f"opening the store {store} and loading the embedding model" if grower is None
+             else f"reopening the store for {size:,} records")
         with _open_engine(store, "hybrid") as engine:
             if grower is None:
+                _say(f"model {engine.embedder.model_id} ready in {time.perf_counter() - t:.1f}s")
                 grower = Grower(engine, texts)
                 if resume:
                     grower.adopt()
+                    _say(f"resuming a store of {grower.n:,} records")
                 result["model"] = {"model_id": engine.embedder.model_id,
                                    "model_digest": engine.embedder.model_digest}
             grower.engine = engine
             before = grower.n
+            if size > before:
+                _say(f"growing the store to {size:,} records (capture + admission in batches of {chunk:,})")
             grow_s = grower.grow_to(size, chunk, progress)
             grown = max(0, size - before)
             row["bulk_ingest"] = {"records": grown, "seconds": grow_s,
                                   "records_per_s": grown / grow_s if grown and grow_s else None}
+            _say(f"{size:,}: timing {ops_sample} single captures + admissions")
             cap, adm = grower.single_ops(ops_sample)
             row["capture"] = _ops(cap)
             row["admission"] = _ops(adm)  # includes the per-admission projection update
             row["records"] = grower.n
             if not queries:
                 queries = bench_queries(dataset, list(grower.by_record.values()), n_queries)
+            _say(f"{size:,}: timing {len(queries)} hybrid searches (as shipped, precomputed vector, encode alone)")
             row["search"] = _hybrid_latency(engine, queries)
             scope = host_context(BENCH_DATASET).scope_ref
+            _say(f"{size:,}: timing the sum of parts and {searchers} concurrent searchers")
             row["parts"] = _guarded("sum of parts", time_parts, engine, scope, queries, _normalised)
             hybrid_search = _searcher(engine, hybrid=True)
             row["concurrency"] = _guarded("concurrency", concurrency, hybrid_search, queries, searchers,
@@ -370,12 +410,14 @@ def run_bench(
                     header=f"engram-memory bench: in-process hybrid search (limit {LIMIT}), {grower.n:,} records, "
                            f"commit {result['machine'].get('commit')}")
             if peer == "lancedb" and not peer_ok:
+                _say(f"{size:,}: the LanceDB peer over the same texts and vectors")
                 row["peer"] = _peer_bench(engine, grower, queries, out / "bench-lancedb")
             fusion = getattr(engine.config, "fusion", None)
         # The host's rebuild-index path (store.rebuild): opens the store, rebuilds every
         # projection from DuckDB (stored embeddings, no re-embedding), closes.
         from engram_memory.store.rebuild import rebuild_index
 
+        _say(f"{size:,}: rebuild-index, then lexical search latency")
         t = time.perf_counter()
         rebuilt = rebuild_index(store, show_progress=False)
         rebuild_s = time.perf_counter() - t
@@ -390,6 +432,7 @@ def run_bench(
         # What a host sees: the same store through the real stdio server (the engine is closed;
         # the next size reopens it once the server has exited).
         if mcp:
+            _say(f"{size:,}: hybrid searches through a real stdio server (MCP SDK client)")
             row["mcp"] = _mcp_row(store, queries, out / f"mcp-server-{size}.stderr",
                                   fusion=str(fusion.value if hasattr(fusion, "value") else fusion) if fusion else None,
                                   threads=threads)
@@ -428,6 +471,11 @@ def _open_engine(store: Path, channels: str, busy_wait_s: float = 30.0) -> Itera
             raise
     else:
         cm.__exit__(None, None, None)
+
+
+def _say(message: str) -> None:
+    """A status line on stderr: what the bench is doing between (and before) its progress bars."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def _guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -4,6 +4,9 @@ server/cli.py owns the app and never imports this module: the commands are regis
 the ``engram_memory.commands`` entry point group (pyproject.toml). Their heavy dependencies
 (ranx, matplotlib) are the ``eval`` extra; without it the commands say how to install it.
 Progress bars and messages go to stderr; stdout stays clean (it is the MCP channel elsewhere).
+
+Every option is checked before any work (eval/options.py, eval/beir.py): a bad value exits 2 with
+one ``engram-memory: error: ...`` line, no traceback, nothing created.
 """
 
 from __future__ import annotations
@@ -16,12 +19,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated  # noqa: E402
+from typing import Annotated, NoReturn  # noqa: E402
 
 import typer  # noqa: E402
 
+from engram_memory.eval import options  # noqa: E402
+from engram_memory.eval.beir import Collection, CollectionError, check_layout, load_collection  # noqa: E402
+from engram_memory.eval.options import OptionError  # noqa: E402
+
 Opt = typer.Option
 EXTRA_MODULES = ("ranx", "matplotlib")
+
+
+def fail(message: str) -> NoReturn:
+    """The one line a refused command prints (stderr), and exit 2: nothing was started."""
+    sys.stderr.write(f"engram-memory: error: {message}\n")
+    sys.stderr.flush()
+    raise typer.Exit(2)
 
 
 def require_eval_extra() -> None:
@@ -30,81 +44,131 @@ def require_eval_extra() -> None:
 
     missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
     if missing:
-        sys.stderr.write(
-            f"engram-memory: error: the evaluation harness needs {', '.join(missing)}; "
-            "install it with: pip install 'engram-memory[eval]' (from a clone: pip install -e '.[eval]')\n"
-        )
-        raise typer.Exit(2)
+        fail(f"the evaluation harness needs {', '.join(missing)}; install it with: pip install "
+             "'engram-memory[eval]' (from a clone: pip install -e '.[eval]')")
 
 
-def _csv(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
+def say(command: str, message: str) -> None:
+    """A status line on stderr: what the command is doing while there is no bar to show."""
+    sys.stderr.write(f"{command}: {message}\n")
+    sys.stderr.flush()
 
 
-def _weights(value: str | None) -> tuple[float, float] | None:
-    if value is None:
-        return None
-    parts = [float(v) for v in _csv(value)]
-    if len(parts) != 2:
-        raise typer.BadParameter("--weights takes two numbers: lexical,semantic")
-    return parts[0], parts[1]
+def _make_dir(option: str, path: Path) -> None:
+    """The first thing a checked command creates; a file system that refuses it is still one line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"{option} {path}: cannot create it ({exc.strerror or exc})")
 
 
+def _collection(dataset: Path, limit_docs: int | None) -> Collection:
+    """The collection read and checked (one line per problem); its warnings are said, not fatal."""
+    col = load_collection(dataset, limit_docs)
+    if not col.queries:
+        fail(f"--limit-docs {limit_docs} keeps no fully judged query of {dataset} (no query has all its "
+             f"relevant documents among the {len(col.docs):,} kept); raise it")
+    return col
+
+
+# Integer options are taken as text and checked in the command (eval/options.py): click's own
+# conversion errors are a multi-line box, and every refusal here is one line.
 def eval_cmd(
-    dataset: Annotated[Path, Opt("--dataset", help="BEIR collection dir (corpus.jsonl, queries.jsonl, qrels/).",
-                                 exists=True, file_okay=False)],
-    out: Annotated[Path, Opt("--out", help="Output dir: results.json, report.md, report.png, runs/.")],
-    channels: Annotated[str, Opt("--channels", help="Runs to score, comma-separated.")] = "lexical,semantic,hybrid",
-    fusion: Annotated[str | None, Opt("--fusion", help="rrf, dbsf or convex (default: the engine's).")] = None,
-    limit_docs: Annotated[int | None, Opt("--limit-docs", min=1,
+    dataset: Annotated[Path | None, Opt("--dataset", show_default=False,
+                                        help="BEIR collection folder: corpus.jsonl, queries.jsonl, qrels/test.tsv "
+                                        "(a clone has eval/sample). Required.")] = None,
+    out: Annotated[Path | None, Opt("--out", show_default=False,
+                                    help="Output dir: results.json, report.md, report.png, runs/. Required.")] = None,
+    channels: Annotated[str, Opt("--channels", help="Runs to score, comma-separated: lexical, semantic, "
+                                 "hybrid.")] = "lexical,semantic,hybrid",
+    fusion: Annotated[str | None, Opt("--fusion", help="Hybrid fusion: rrf, dbsf or convex (default: the "
+                                      "engine's).")] = None,
+    limit_docs: Annotated[str | None, Opt("--limit-docs", metavar="N",
                                           help="Judged-first subset of N docs; keeps fully judged queries.")] = None,
-    peer: Annotated[str | None, Opt("--peer", help="Also run a peer side by side: lancedb.")] = None,
-    rrf_k: Annotated[int | None, Opt("--rrf-k", min=1, help="RRF constant (default: the engine's).")] = None,
-    weights: Annotated[str | None, Opt("--weights", help="Score-fusion weights lexical,semantic.")] = None,
+    peer: Annotated[str | None, Opt("--peer", help="Also run a peer side by side: lancedb (the bench "
+                                    "extra).")] = None,
+    rrf_k: Annotated[str | None, Opt("--rrf-k", metavar="K", help="RRF constant, with --fusion rrf "
+                                     "(default: the engine's).")] = None,
+    weights: Annotated[str | None, Opt("--weights", metavar="L,S", help="Score-fusion weights lexical,semantic, "
+                                       "with --fusion dbsf or convex.")] = None,
     cache_dir: Annotated[Path | None, Opt("--cache-dir",
                                           help="Store cache root (default OUT/store); keyed by corpus digest.")] = None,
     mapping: Annotated[str, Opt("--mapping", help="Doc -> capture: single (title+text) or split.")] = "single",
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
-    threads: Annotated[int | None, Opt("--threads", min=1, help="torch intra-op threads (default: torch's).")] = None,
-    max_queries: Annotated[int | None, Opt("--max-queries", min=1,
+    threads: Annotated[str | None, Opt("--threads", metavar="N",
+                                       help="torch intra-op threads (default: the engine's).")] = None,
+    max_queries: Annotated[str | None, Opt("--max-queries", metavar="N",
                                            help="Score only the first N judged queries (CI smoke).")] = None,
     latency: Annotated[bool, Opt("--latency/--no-latency", help="Also time one limit-10 search per query.")] = True,
 ) -> None:
-    """Score lexical, semantic and hybrid search on a BEIR collection through the real engine."""
+    """Score lexical, semantic and hybrid search on a BEIR collection through the real engine.
+
+    Try it from a clone: engram-memory eval --dataset eval/sample --out out/eval/sample
+    """
     require_eval_extra()
+    try:
+        if dataset is None:
+            raise OptionError("--dataset DIR is required: a BEIR collection folder (a clone has eval/sample)")
+        out_dir = options.writable_dir("--out", out)
+        run_channels = options.channels(channels)
+        method = options.fusion(fusion)
+        k_rrf = options.integer("--rrf-k", rrf_k)
+        w = options.weights(weights)
+        options.fusion_settings(run_channels, method, k_rrf, w)
+        limit = options.integer("--limit-docs", limit_docs)
+        max_q = options.integer("--max-queries", max_queries)
+        n_threads = options.integer("--threads", threads)
+        doc_mapping = options.choice("--mapping", mapping, options.MAPPINGS)
+        peer_name = options.choice("--peer", peer, options.PEERS)
+        cache = options.writable_dir("--cache-dir", cache_dir, required=False)
+        check_layout(dataset)
+        options.peer_available(peer_name)
+        col = _collection(dataset, limit)
+    except OptionError as exc:
+        fail(str(exc))
+    except CollectionError as exc:
+        fail(f"--dataset {exc.path}: {exc.detail}")
+    assert out_dir is not None and doc_mapping is not None
+    for warning in col.warnings:
+        say("eval", f"note: {warning}")
+
+    _make_dir("--out", out_dir)
+
     from engram_memory.eval.harness import run_eval
+    from engram_memory.store.engine import StoreBusyError
 
     try:
-        results = run_eval(dataset, out, channels=_csv(channels), fusion=fusion, rrf_k=rrf_k,
-                           weights=_weights(weights), limit_docs=limit_docs, peer=peer, cache_dir=cache_dir,
-                           mapping=mapping, progress=progress, threads=threads,
-                           max_queries=max_queries, latency=latency)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        results = run_eval(col, out_dir, channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w,
+                           limit_docs=limit, peer=peer_name, cache_dir=cache, mapping=doc_mapping,
+                           progress=progress, threads=n_threads, max_queries=max_q, latency=latency)
+    except StoreBusyError as exc:
+        fail(f"{exc} (another eval or a server holds it: wait, or pick another --cache-dir)")
     for name, scores in results["runs"].items():
         sys.stderr.write(f"{results['dataset']} {name:>8}: " + "  ".join(f"{k} {v:.4f}" for k, v in scores.items())
                          + "\n")
-    sys.stderr.write(f"wrote {Path(out) / 'results.json'}\n")
+    sys.stderr.write(f"wrote {out_dir / 'results.json'}\n")
 
 
 def bench_cmd(
-    out: Annotated[Path, Opt("--out", help="Output dir: bench.json, bench.md (and mcp-server-<size>.stderr, "
-                             "profile-<size>.txt).", file_okay=False)],
+    out: Annotated[Path | None, Opt("--out", show_default=False,
+                                    help="Output dir: bench.json, bench.md (and mcp-server-<size>.stderr, "
+                                    "profile-<size>.txt). Required.")] = None,
     sizes: Annotated[str, Opt("--sizes", help="Store sizes, comma-separated.")] = "1000,10000,100000",
     dataset: Annotated[Path | None, Opt("--dataset", help="BEIR collection for record text and queries "
-                                        "(default: synthetic Zipf text).", exists=True, file_okay=False)] = None,
-    queries: Annotated[int, Opt("--queries", min=1, help="Queries per latency cell.")] = 200,
-    ops_sample: Annotated[int, Opt("--ops-sample", min=1, help="Single captures+admissions timed per size.")] = 100,
+                                        "(default: synthetic Zipf text).")] = None,
+    queries: Annotated[str, Opt("--queries", metavar="N", help="Queries per latency cell.")] = "200",
+    ops_sample: Annotated[str, Opt("--ops-sample", metavar="N",
+                                   help="Single captures+admissions timed per size.")] = "100",
     peer: Annotated[str | None, Opt("--peer", help="Also bench a peer: lancedb (needs the bench extra); "
                                     "without it the LanceDB ratios are reported as not measured.")] = None,
     mcp: Annotated[bool, Opt("--mcp/--no-mcp", help="Per size, also time searches through the real stdio "
                              "server (MCP SDK client) for the MCP ratio.")] = True,
-    profile: Annotated[int, Opt("--profile", min=0, metavar="N",
+    profile: Annotated[str, Opt("--profile", metavar="N",
                                 help="cProfile N in-process hybrid searches per size into "
-                                "OUT/profile-<size>.txt (0: off).")] = 0,
+                                "OUT/profile-<size>.txt (0: off).")] = "0",
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
-    threads: Annotated[int | None, Opt("--threads", min=1, help="torch intra-op threads (default: torch's); "
-                                       "the MCP server gets the same via OMP_NUM_THREADS.")] = None,
+    threads: Annotated[str | None, Opt("--threads", metavar="N", help="torch intra-op threads (default: the "
+                                       "engine's); the MCP server gets the same via OMP_NUM_THREADS.")] = None,
     resume: Annotated[bool, Opt("--resume", help="Keep OUT/bench-store from an earlier run and grow it on "
                                 "(measure a new build at 100k without re-ingesting).")] = False,
 ) -> None:
@@ -114,40 +178,39 @@ def bench_cmd(
     """
     require_eval_extra()
     try:
-        size_list = sorted({int(s) for s in _csv(sizes)})
-    except ValueError as exc:
-        raise typer.BadParameter("--sizes takes integers, e.g. 1000,10000") from exc
-    if not size_list or size_list[0] < 1:
-        raise typer.BadParameter("--sizes needs positive integers")
-    if peer not in (None, "lancedb"):
-        raise typer.BadParameter("--peer supports: lancedb")
-    if dataset is not None and not ((dataset / "corpus.jsonl").is_file() and (dataset / "queries.jsonl").is_file()
-                                    and (dataset / "qrels" / "test.tsv").is_file()):
-        _bench_error(f"--dataset {dataset} is not a BEIR collection (needs corpus.jsonl, queries.jsonl, "
-                     "qrels/test.tsv)")
-    if peer == "lancedb":
-        from engram_memory.eval import peer_lancedb
+        out_dir = options.writable_dir("--out", out)
+        size_list = options.sizes(sizes)
+        n_queries = options.integer("--queries", queries)
+        n_ops = options.integer("--ops-sample", ops_sample)
+        n_profile = options.integer("--profile", profile, minimum=0)
+        n_threads = options.integer("--threads", threads)
+        peer_name = options.choice("--peer", peer, options.PEERS)
+        assert out_dir is not None
+        if resume and not (out_dir / "bench-store").is_dir():
+            raise OptionError(f"--resume: no store to resume at {out_dir / 'bench-store'} (run once without "
+                              "--resume)")
+        if dataset is not None:
+            check_layout(dataset)
+        options.peer_available(peer_name)
+        if dataset is not None:
+            _collection(dataset, None)
+    except OptionError as exc:
+        fail(str(exc))
+    except CollectionError as exc:
+        fail(f"--dataset {exc.path}: {exc.detail}")
+    assert n_queries is not None and n_ops is not None and n_profile is not None
 
-        why = peer_lancedb.unavailable()
-        if why:
-            _bench_error(f"--peer lancedb: {why}")
-    if resume and not (out / "bench-store").is_dir():
-        _bench_error(f"--resume: no store to resume at {out / 'bench-store'} (run once without --resume)")
+    _make_dir("--out", out_dir)
 
     from engram_memory.eval.bench import run_bench
     from engram_memory.store.engine import StoreBusyError
 
     try:
-        run_bench(out, size_list, dataset=dataset, n_queries=queries, ops_sample=ops_sample, peer=peer,
-                  progress=progress, threads=threads, resume=resume, mcp=mcp, profile=profile)
+        run_bench(out_dir, size_list, dataset=dataset, n_queries=n_queries, ops_sample=n_ops, peer=peer_name,
+                  progress=progress, threads=n_threads, resume=resume, mcp=mcp, profile=n_profile)
     except StoreBusyError as exc:
-        _bench_error(f"{exc} (stop the server using it, or pick another --out)")
+        fail(f"{exc} (stop the server using it, or pick another --out)")
     except KeyboardInterrupt:
-        sys.stderr.write(f"engram-memory: bench interrupted; sizes finished so far are in {Path(out) / 'bench.json'}\n")
+        sys.stderr.write(f"engram-memory: bench interrupted; sizes finished so far are in {out_dir / 'bench.json'}\n")
         raise typer.Exit(130) from None
-    sys.stderr.write(f"wrote {Path(out) / 'bench.json'} and bench.md\n")
-
-
-def _bench_error(message: str) -> None:
-    sys.stderr.write(f"engram-memory: error: {message}\n")
-    raise typer.Exit(2)
+    sys.stderr.write(f"wrote {out_dir / 'bench.json'} and bench.md\n")

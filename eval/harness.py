@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from engram_memory.eval import metrics, report
+from engram_memory.eval import metrics, options, report
 from engram_memory.eval.beir import Collection, load_collection, truncate_utf8
 from engram_memory.eval.ingest import (
     CHANNEL_SETS,
@@ -37,6 +37,10 @@ from engram_memory.eval.runner import DEPTH, RunResult, run_queries, search_dept
 log = logging.getLogger("engram.eval")
 CHANNELS = tuple(CHANNEL_SETS)
 LATENCY_LIMIT = 10  # the tool's default page size: what an agent's typical search costs
+
+
+def _say(message: str) -> None:
+    print(f"eval: {message}", file=sys.stderr, flush=True)
 
 
 def fusion_overrides(fusion: str | None = None, rrf_k: int | None = None,
@@ -155,7 +159,7 @@ def peer_eval(store_dir: Path, col: Collection, ing: IngestResult, work_dir: Pat
 
 
 def run_eval(
-    dataset: Path,
+    dataset: Path | Collection,
     out: Path,
     channels: Sequence[str] = CHANNELS,
     fusion: str | None = None,
@@ -170,21 +174,31 @@ def run_eval(
     threads: int | None = None,
     max_queries: int | None = None,
 ) -> dict[str, Any]:
+    """``dataset`` is a collection folder or a :class:`Collection` already loaded (and subset)."""
     t_start = time.perf_counter()
-    torch_threads = set_torch_threads(threads)
-    unknown = [c for c in channels if c not in CHANNEL_SETS]
-    if unknown:
-        raise ValueError(f"unknown channels {unknown}; choose from {list(CHANNEL_SETS)}")
-    if peer not in (None, "lancedb"):
-        raise ValueError(f"unknown peer {peer!r} (supported: lancedb)")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    col = load_collection(dataset, limit_docs)
+    # Every option first (eval/options.py): a bad value costs a second, not an ingest.
+    channels = options.channels(channels)
+    fusion = options.fusion(fusion)
+    weights = options.weights(weights)
+    rrf_k = options.integer("--rrf-k", rrf_k)
+    options.fusion_settings(channels, fusion, rrf_k, weights)
+    options.integer("--limit-docs", limit_docs)
+    options.integer("--max-queries", max_queries)
+    options.integer("--threads", threads)
+    options.choice("--mapping", mapping, options.MAPPINGS)
+    options.choice("--peer", peer, options.PEERS)
+    col = dataset if isinstance(dataset, Collection) else load_collection(dataset, limit_docs)
     if max_queries is not None:
         col.queries = dict(list(col.queries.items())[:max_queries])
         col.qrels = {q: col.qrels[q] for q in col.queries}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch_threads = set_torch_threads(threads)
     overrides = fusion_overrides(fusion, rrf_k, weights)
-    ing = load_or_ingest(col, Path(cache_dir) if cache_dir else out / "store", mapping, progress=progress)
+    cache_root = Path(cache_dir) if cache_dir else out / "store"
+    _say(f"{col.name}: {len(col.docs):,} docs, {len(col.queries):,} judged queries; runs {', '.join(channels)}; "
+         f"store cache {cache_root}")
+    ing = load_or_ingest(col, cache_root, mapping, progress=progress, announce=_say)
     store_dir = ing.store_dir
     results_runs: dict[str, RunResult] = {}
     for ch in channels:
@@ -224,6 +238,7 @@ def run_eval(
             k: v for k, v in metrics.significance(
                 {c: results_runs[c].run for c in ("hybrid", "lexical", "semantic")}, col.qrels)["hybrid"].items()}}
     if latency:
+        _say(f"timing one limit-{LATENCY_LIMIT} search per query ({', '.join(channels)})")
         lat = {}
         for ch in channels:
             lat[ch] = _pcts(latency_pass(store_dir, col, ch, **overrides))

@@ -25,7 +25,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,21 +207,31 @@ def load_or_ingest(
     mapping: str = "single",
     batch_size: int = 256,
     progress: bool = True,
+    announce: Callable[[str], None] | None = None,
     **engine_overrides: Any,
 ) -> IngestResult:
-    """Reuse the cached store for exactly these documents, or build it (see module doc)."""
+    """Reuse the cached store for exactly these documents, or build it (see module doc).
+
+    ``announce`` gets a status line before the slow silent part (opening the store and loading
+    the embedding model, before the ingest bar can move).
+    """
+    say = announce or (lambda _message: None)
     store_dir = Path(cache_root) / store_key(col, mapping)
     manifest_path = store_dir / "manifest.json"
     expected = _manifest(col, mapping)
+    semantic = engine_overrides.get("semantic", True)
+    model = "loading the embedding model" if semantic else "lexical only"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         if {k: manifest.get(k) for k in expected} == expected:
+            say(f"reusing the store {store_dir} (no ingest); {model}")
             # Opening runs recover(): a changed model digest is re-embedded there, not served stale.
             with open_engine(store_dir, "hybrid", **engine_overrides):
                 pass
             return IngestResult(store_dir, manifest["doc_to_record"], manifest["rejected"], reused=True)
     shutil.rmtree(store_dir, ignore_errors=True)  # partial or foreign: never resume into it
     store_dir.mkdir(parents=True)
+    say(f"new store {store_dir}: {model}, then ingesting {len(col.docs):,} docs (capture + admission)")
     with open_engine(store_dir, "hybrid", **engine_overrides) as engine:
         result = ingest(engine, col, mapping, store_dir, batch_size, progress)
     manifest_path.write_text(json.dumps({**expected, "doc_to_record": result.doc_to_record,

@@ -24,10 +24,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import typer  # noqa: E402
 
-from engram_memory.eval import metrics  # noqa: E402
-from engram_memory.eval.beir import load_collection  # noqa: E402
+from engram_memory.eval import metrics, options  # noqa: E402
+from engram_memory.eval.beir import CollectionError, load_collection  # noqa: E402
+from engram_memory.eval.cli import fail  # noqa: E402
 from engram_memory.eval.harness import fusion_overrides, run_channel  # noqa: E402
 from engram_memory.eval.ingest import load_or_ingest, set_torch_threads  # noqa: E402
+from engram_memory.eval.options import OptionError  # noqa: E402
 
 DATASETS = ("scifact", "cranfield", "medline")
 # (label, fusion, rrf_k, weights lexical/semantic). RRF k spans Qdrant's 2 to the classic 60;
@@ -189,11 +191,22 @@ def main(
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Grid over fusion methods and parameters on the dev collections."""
+    names = [d.strip() for d in datasets.split(",") if d.strip()]
+    try:  # every collection read and checked before the first ingest (one line each, as eval does)
+        if not names:
+            raise OptionError("--datasets needs at least one collection name")
+        options.writable_dir("--out", out)
+        for name in names:
+            load_collection(data / name, limit_docs)
+    except OptionError as exc:
+        fail(str(exc))
+    except CollectionError as exc:
+        fail(f"--data {data} --datasets {exc.path.name}: {exc.detail}")
     set_torch_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     cache = cache_dir or out / "store"
     result: dict[str, Any] = {"grid": [list(g) for g in GRID], "collections": {}}
-    for name in [d.strip() for d in datasets.split(",") if d.strip()]:
+    for name in names:
         result["collections"][name] = tune_collection(data / name, cache, progress, mappings, limit_docs)
         result["choice"] = choose(result["collections"])
         (out / "tune.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
