@@ -182,5 +182,29 @@ for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda 
     app.command(_command.name)(_command.load())
 
 
+def main() -> None:
+    """The console entry point: a usage mistake is one line and exit 2, never a box or a traceback."""
+    # typer vendors click; its exception classes live here (pinned typer version).
+    from typer._click import exceptions as cx
+
+    try:
+        app(standalone_mode=False)
+    except cx.NoArgsIsHelpError as exc:
+        if exc.ctx is not None:
+            sys.stdout.write(exc.ctx.get_help() + "\n")
+        raise SystemExit(0) from None
+    except cx.UsageError as exc:
+        where = f" (see: {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+        sys.stderr.write(f"engram-memory: error: {exc.format_message()}{where}\n")
+        raise SystemExit(EXIT_USAGE) from None
+    except cx.ClickException as exc:
+        sys.stderr.write(f"engram-memory: error: {exc.format_message()}\n")
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        raise SystemExit(130) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -142,3 +142,12 @@ def test_readme_commands_name_real_flags(offline_env: dict[str, str]) -> None:
                     helps[name] = done.stdout
                 for flag in (w for w in words[i + 1:] if w.startswith("--")):
                     assert flag.split("=")[0] in helps[name], (name, flag)
+
+
+def test_the_eval_sample_named_in_the_readme_is_in_the_clone() -> None:
+    block = next(b for b in blocks("bash") if "eval/sample" in b)
+    argv = shlex.split(block.strip())
+    dataset = REPO / argv[argv.index("--dataset") + 1]
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "README.md"):
+        assert (dataset / name).is_file(), name
+    # The run itself is tests/test_eval_cli_errors.py's positive case (same command, one thread).
