@@ -1,0 +1,51 @@
+"""A newcomer's path, end to end: a clean clone, the README's first command in a fresh venv, then
+a real SDK client doing capture -> admission -> search -> get through the server it started.
+
+This is the one test that installs: a couple of minutes (pip reuses its wheel cache, so
+hnswlib is compiled once per machine). The install half of the README's command runs as
+written; its server half runs under the SDK's stdio client, which is how a host starts it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_readme import blocks, newcomer_session
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_newcomer_installs_and_runs_the_lifecycle(tmp_path: Path, offline_env: dict[str, str]) -> None:
+    if shutil.which("git") is None:
+        pytest.fail("git is needed to clone the repository as a newcomer would")
+    clone = tmp_path / "engram-memory"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    first = blocks("bash")[0].strip()
+    install, serve = first.rsplit("&&", 1)
+    env = {k: v for k, v in offline_env.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONHOME"))}
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if ".venv" not in p)
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", "-c", install.strip()], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    seconds = time.monotonic() - t0
+    venv = clone / ".venv"
+    assert (venv / "bin" / "engram-memory").exists()
+    # CPU torch only: no CUDA runtime came along.
+    listed = subprocess.run([str(venv / "bin" / "pip"), "list"], capture_output=True, text=True, check=True)
+    assert "nvidia-" not in listed.stdout, "the install pulled CUDA packages"
+
+    argv = shlex.split(serve.strip())
+    assert argv[0] == "engram-memory"
+    purpose = argv[argv.index("--purpose-ref") + 1]
+    run_env = {**env, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    await newcomer_session([str(venv / "bin" / "engram-memory"), *argv[1:]], run_env, purpose)
+    assert (tmp_path / "xdg" / "engram-memory" / "engram.duckdb").exists()
+    print(f"newcomer install: {seconds:.0f} s")
