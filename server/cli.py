@@ -187,6 +187,8 @@ def main() -> None:
     # typer vendors click; its exception classes live here (pinned typer version).
     from typer._click import exceptions as cx
 
+    # Everything this process creates (store, WAL, projections, keys, socket) is owner-only.
+    os.umask(0o077)
     try:
         app(standalone_mode=False)
     except cx.NoArgsIsHelpError as exc:

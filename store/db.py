@@ -38,6 +38,10 @@ class Database:
         except duckdb.IOException as exc:
             os.close(self._lock_fd)
             raise StoreBusyError(f"data directory {data_dir} is in use by another process") from exc
+        # DuckDB creates its files with the process umask: memory is the owner's alone.
+        for name in ("engram.duckdb", "engram.duckdb.wal"):
+            if (data_dir / name).exists():
+                os.chmod(data_dir / name, 0o600)
         migrate(self.con)
         row = self.con.execute("SELECT value FROM meta WHERE key = 'storage_epoch'").fetchone()
         epoch = int(row[0]) + 1 if row else 1

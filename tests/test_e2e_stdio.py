@@ -477,3 +477,15 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1] == "engram-memory: error: " + expected
     assert "Traceback" not in proc.stderr
+
+
+async def test_every_file_the_server_creates_is_owner_only(start_server, data_dir_factory) -> None:
+    data_dir = data_dir_factory("modes") / "data"
+    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+        await capture_and_admit(mcp, "Owner-only files keep the memory private on a shared machine.")
+        assert (await mcp.call("search", search_args("owner-only files")))["ok"]
+        paths = [data_dir, *data_dir.rglob("*")]
+        opened = {p.relative_to(data_dir).as_posix(): p.stat().st_mode & 0o777 for p in paths if p.exists()}
+    assert "engram.duckdb" in opened and "engram.sock" in opened
+    wide = {name: oct(mode) for name, mode in opened.items() if mode & 0o077}
+    assert not wide, wide
