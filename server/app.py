@@ -51,14 +51,15 @@ def open_engine(cfg: ServeConfig) -> Engine:
     return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
 
 
-def build_server(dispatcher: Dispatcher, instructions: str = INSTRUCTIONS) -> Server[Any]:
+def build_server(handlers: Dispatcher | StdioFront, instructions: str = INSTRUCTIONS) -> Server[Any]:
+    """The MCP server over a dispatcher, or over a stdio launch's front (owner or relay)."""
     return Server(
         SERVER_NAME,
         version=server_version(),
         title="Engram memory",
         instructions=instructions,
-        on_list_tools=dispatcher.list_tools,
-        on_call_tool=dispatcher.call_tool,
+        on_list_tools=handlers.list_tools,
+        on_call_tool=handlers.call_tool,
         get_tool_input_schema=tool_input_schema,
     )
 
@@ -101,7 +102,7 @@ async def serve_stdio(cfg: ServeConfig) -> None:
                     # Own the data dir, or relay to the process that does (server/relay.py).
                     front = StdioFront(cfg, tg, partial(owner_socket, cfg))
                     ready = await front.start()
-                    server = build_server_for(front, INSTRUCTIONS + ("" if ready else UNAVAILABLE_INSTRUCTIONS))
+                    server = build_server(front, INSTRUCTIONS + ("" if ready else UNAVAILABLE_INSTRUCTIONS))
                 else:
                     reason = cfg.disabled_reason() or "memory disabled"
                     server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS.format(reason=reason))
@@ -119,18 +120,6 @@ async def serve_stdio(cfg: ServeConfig) -> None:
             log.info("stopped")
             logging.shutdown()
             os._exit(0)
-
-
-def build_server_for(front: StdioFront, instructions: str) -> Server[Any]:
-    return Server(
-        SERVER_NAME,
-        version=server_version(),
-        title="Engram memory",
-        instructions=instructions,
-        on_list_tools=front.list_tools,
-        on_call_tool=front.call_tool,
-        get_tool_input_schema=tool_input_schema,
-    )
 
 
 async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskStatus[None]) -> None:

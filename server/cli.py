@@ -190,7 +190,8 @@ def main() -> None:
     # Everything this process creates (store, WAL, projections, keys, socket) is owner-only.
     os.umask(0o077)
     try:
-        app(standalone_mode=False)
+        # Not standalone, click returns a typer.Exit's code instead of exiting with it.
+        code = app(standalone_mode=False)
     except cx.NoArgsIsHelpError as exc:
         if exc.ctx is not None:
             sys.stdout.write(exc.ctx.get_help() + "\n")
@@ -206,6 +207,7 @@ def main() -> None:
         raise SystemExit(130) from None
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -290,16 +290,21 @@ class _EnvSource(EnvSettingsSource):
         return data
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file the operator wrote; ``what`` names it in the one-line refusals."""
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(f"{what} not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    data = read_toml(path, "config file")
     # Keys may be written with dashes, like the flags.
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 

@@ -31,7 +31,7 @@ from engram_memory.models.hostauth import (
     private_pem,
     public_pem,
 )
-from engram_memory.server.config import ConfigError
+from engram_memory.server.config import ConfigError, read_toml
 
 DEFAULT_SERVER_ID = "engram-local"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -62,15 +62,7 @@ class HostKeys:
 
 def load_host_keys(path: Path) -> HostKeys:
     """Parse and check the file; every refusal is one line naming the problem, never a key."""
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"host-keys file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"host-keys file {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"host-keys file {path} cannot be read: {exc.strerror}") from None
+    data = read_toml(path, "host-keys file")
     unknown = sorted(set(data) - {"server_id", "host"})
     if unknown:
         raise ConfigError(f"host-keys file {path}: unknown key(s): " + ", ".join(unknown))
