@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
@@ -25,6 +24,7 @@ from engram_memory.server.http import http_url, signed_http_app
 from engram_memory.server.local import bind_socket, ensure_local_key, local_ring, serve_socket, socket_path
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
+from engram_memory.server.stdio import stdio_server
 from engram_memory.server.tools import INSTRUCTIONS
 from engram_memory.store.engine import Engine
 
