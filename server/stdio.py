@@ -53,12 +53,18 @@ class RecordingLines:
 
 
 def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return any("\ud800" <= ch <= "\udfff" for ch in value)
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
+    """Iterative: a frame may nest deeper than Python's recursion limit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
 
 
@@ -112,7 +118,10 @@ async def stdio_server() -> AsyncIterator[
                         if isinstance(item, Exception):
                             # Read before any await: the SDK reader is parked until we take the
                             # next item, so ``lines.last`` is this frame's line.
-                            reply = error_reply(lines.last)
+                            try:
+                                reply = error_reply(lines.last)
+                            except Exception:  # one bad frame must never end the transport
+                                reply = _error(None, INVALID_REQUEST)
                             if reply is not None:
                                 await write_stream.send(SessionMessage(reply))
                             continue
