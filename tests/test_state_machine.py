@@ -53,7 +53,7 @@ from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.store.engine import Engine
-from engram_memory.store.policy import secret_kind
+from engram_memory.store.policy import _texts, contains_secret
 from tests.contract_model import (
     Candidate,
     ContractModel,
@@ -86,6 +86,11 @@ SECRETS = (
 MUTATIONS = ("capture", "request_admission", "withdraw", "forget")
 
 STATS: Counter[str] = Counter()  # rules run, by name, over every example of the session
+
+
+def secret_kind(payload: Any, evidence: Any) -> str | None:
+    """The default policy's verdict on a capture's strings (None: nothing secret-like)."""
+    return "secret" if contains_secret(_texts(payload, evidence)) else None
 
 
 def host(scope: Scope, principal: str) -> HostContext:
