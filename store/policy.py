@@ -1,84 +1,52 @@
 """The default host admission policy.
 
-Accept a valid candidate, reject one whose text or citations carry secret-like content
-(TOOL_CONTRACT §4). Detection uses the maintained ``detect-secrets`` plugins (minus the
-entropy heuristics, which fire on ordinary prose) plus a few patterns for material it
-does not cover (.env assignments, cookies, connection strings with credentials).
+Accept a valid candidate, reject one that carries secret-like content anywhere (TOOL_CONTRACT §4:
+secrets never become memory). EVERY string of the candidate is screened -- component texts and
+ids, citation ids, source refs and locators, the primary event's type_ref, family refs,
+purpose_ref, the evidence ref and attestation, whatever the payload holds -- by walking the
+whole structure (store/secrets.py), not by listing fields. Digest fields are screened too: a
+``sha256:<hex>`` never matches.
+
+A secret is a normal outcome (``rejected``), never an error: the rejected candidate's sealed
+envelope is dropped with its key, and no record id is ever minted for it.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any, Literal
 
-from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+from engram_memory.store.secrets import find_secret, strings_of
+
+__all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_secret", "secret_kind"]
 
 POLICY_ID = "engram-memory:default-admission"
-POLICY_VERSION = "1"
+# Bumped to "2" when every string of the candidate became screened: the version is bound
+# into every admission decision receipt (tests/golden pins them) and into eval store keys.
+POLICY_VERSION = "2"
 
 Decision = Literal["accept", "reject", "adjudication_required"]
 
-_EXTRA_PATTERNS = [
-    # .env style assignment of a secret-named variable to a non-trivial value
-    re.compile(
-        r"\b[A-Z0-9_]*(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)[A-Z0-9_]*"
-        r"\s*=\s*[\"']?[^\s\"']{6,}"
-    ),
-    # URI with inline user:password credentials (databases, brokers, http)
-    re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,20}://[^\s/:@]+:[^\s/@]+@[^\s/]+"),
-    # ODBC / ADO style connection strings with a password
-    re.compile(r"(?i)\b(password|pwd)\s*=\s*[^;\s]{3,}\s*;"),
-    # provider API keys detect-secrets does not know (OpenAI project keys, Anthropic keys)
-    re.compile(r"\bsk-(proj-|ant-[a-z0-9]+-)?[A-Za-z0-9_-]{20,}"),
-    # session cookies and bearer tokens
-    re.compile(r"(?i)\b(set-cookie|cookie)\s*:\s*\S+=\S{8,}"),
-    re.compile(r"(?i)\bbearer\s+[a-z0-9._~+/=-]{16,}"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    # "password: value" in prose or YAML
-    re.compile(
-        r"(?i)\b(password|passwd|passphrase|secret|api[_ -]?key|access[_ -]?token|auth[_ -]?token)"
-        r"\s*[:=]\s*[\"']?[^\s\"']{6,}"
-    ),
-]
-
-
-def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterable[str]:
-    for component in payload["components"]:
-        yield component["text"]
-    for citation in payload["citations"]:
-        yield citation["source_ref"]
-        yield citation["locator"]["scheme"]
-        yield citation["locator"]["value"]
-    yield evidence["evidence_ref"]
-    if "attestation" in evidence:
-        yield evidence["attestation"]
-
-
-# The rule-based detectors only: the entropy heuristics fire on ordinary prose, a public IP
-# address is not a secret, and detect-secrets' filters (built for source files) cost 20x the
-# scan. The detectors are built once and asked line by line -- what ``scan_line`` does with no
-# filters, minus its per-call settings reload (a third of the policy's cost, measured).
-# Verification (a network call) stays off: its filter is not in the default settings.
-_PLUGINS: list[type[Any]] = list(get_mapping_from_secret_type_to_class().values())
-_DETECTORS = tuple(
-    cls()
-    for cls in sorted(_PLUGINS, key=lambda c: c.__name__)
-    if "Entropy" not in cls.__name__ and cls.__name__ != "IPPublicDetector"
-)
-_ADHOC = "adhoc-string-scan"  # the file name scan_line uses: the keyword detector's "other" rules
-
 
 def contains_secret(texts: Iterable[str]) -> bool:
-    texts = list(texts)
-    if any(p.search(text) for text in texts for p in _EXTRA_PATTERNS):
-        return True
-    return any(
-        detector.analyze_line(filename=_ADHOC, line=line, line_number=0)
-        for text in texts
-        for line in text.splitlines() or [text]
-        for detector in _DETECTORS
-    )
+    """True when any of ``texts`` carries secret-like content."""
+    return any(find_secret(text) for text in texts)
+
+
+def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterator[str]:
+    """Every string the candidate carries: what the policy screens (``contains_secret(_texts(...))``
+    is its verdict)."""
+    return chain(strings_of(payload), strings_of(evidence))
+
+
+def secret_kind(payload: dict[str, Any], evidence: dict[str, Any]) -> str | None:
+    """The kind of the first secret anywhere in a candidate (never the value), or None."""
+    for text in _texts(payload, evidence):
+        kind = find_secret(text)
+        if kind is not None:
+            return kind
+    return None
 
 
 class DefaultAdmissionPolicy:
@@ -86,4 +54,4 @@ class DefaultAdmissionPolicy:
     policy_version = POLICY_VERSION
 
     def decide(self, payload: dict[str, Any], evidence: dict[str, Any]) -> Decision:
-        return "reject" if contains_secret(_texts(payload, evidence)) else "accept"
+        return "reject" if secret_kind(payload, evidence) is not None else "accept"

@@ -1,0 +1,244 @@
+"""Secrets never become memory ("Prove it", item 4).
+
+(a) the five strings once accepted by hand are rejected through the real engine, and nothing of them
+    can be searched or read afterwards; a credentialed URL is rejected in any id or ref field;
+(b) the whole labelled corpus (eval/secrets/corpus.jsonl) and a held-out one through the policy
+    function: recall >= 0.98, false-positive rate <= 0.02;
+(c) a sample through the real engine (capture + request_admission) gives the policy function's verdicts;
+(d) benign look-alikes in ids and refs are accepted, and read back intact.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engram_memory.eval import secrets_eval
+from engram_memory.models.digests import record_id_from_digest
+from engram_memory.models.errors import EngramError
+from engram_memory.models.outputs import validate_output
+from engram_memory.models.settings import EngineSettings
+from engram_memory.store.engine import Engine
+from engram_memory.store.policy import DefaultAdmissionPolicy, secret_kind
+from engram_memory.store.secrets import find_secret, strings_of
+from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "eval" / "secrets" / "corpus.jsonl"
+
+GOOGLE_KEY = "AIzaSyD3fK9wQx1Lm7Pn2Rt8Vz4Yb6Hc0Jg5Ues"  # made up: AIza + 35 characters
+PG_URL = "postgresql://user:pass@host/db"
+HAND_TRIED = [
+    "The admin password for the staging console is hunter2-Winter2026!",
+    "The admin password is hunter2",
+    "pwd: correcthorsebatterystaple",
+    GOOGLE_KEY,
+    PG_URL,
+]
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    e = Engine.open(EngineSettings(data_dir=tmp_path / "data", semantic=False), clock=lambda: T0)
+    yield e
+    e.close()
+
+
+def place(args: dict[str, Any], where: str, value: str) -> dict[str, Any]:
+    """The capture with ``value`` in one field (an id replaced everywhere it is referenced)."""
+    args = copy.deepcopy(args)
+    payload, evidence = args["payload"], args["evidence"]
+    component, citation = payload["components"][0], payload["citations"][0]
+    if where == "component_id":
+        component["component_id"] = payload["primary_component_id"] = value
+    elif where == "citation_id":
+        component["citation_ids"] = evidence["citation_ids"] = [value]
+        citation["citation_id"] = payload["primary_event"]["citation_id"] = value
+    elif where == "type_ref":
+        payload["primary_event"]["type_ref"] = value
+    elif where == "locator":
+        citation["locator"]["value"] = value
+    elif where == "source_ref":
+        citation["source_ref"] = value
+    elif where == "evidence_ref":
+        evidence["evidence_ref"] = value
+    else:
+        raise AssertionError(where)
+    return args
+
+
+def capture_and_admit(engine: Engine, args: dict[str, Any], n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    args = {**args, "idempotency_key": f"secrets-capture-{n:06d}"}
+    cap = call(engine, "capture", ctx(), args)
+    validate_output("capture", cap)
+    out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"secrets-admit-{n:06d}"))
+    validate_output("request_admission", out)
+    return cap, out["outcome"]
+
+
+def search_ids(engine: Engine, query: str) -> list[str]:
+    value = call(engine, "search", ctx(), {"query": query, "purpose_ref": PURPOSE, "limit": 50})
+    validate_output("search", value)
+    return [packet["record"]["record_id"] for packet in value["records"]]
+
+
+# ---- (a) the hand-tried cases through the real engine -------------------------------------------
+
+
+def test_hand_tried_secrets_are_rejected_and_never_searchable_or_readable(engine: Engine) -> None:
+    # A control that IS admitted, so "search finds nothing" below is not vacuous.
+    _, control = capture_and_admit(engine, capture_args("The staging console moved to the new VPC."), 0)
+    assert control["status"] == "accepted"
+
+    minted: list[str] = []
+    for n, text in enumerate(HAND_TRIED, 1):
+        cap, outcome = capture_and_admit(engine, capture_args(text), n)
+        assert outcome["status"] == "rejected", text  # a normal outcome, never an error
+        assert "record_id" not in outcome
+        minted.append(record_id_from_digest(cap["record_digest"]))  # the id it would have had
+
+    for query in ("staging console", "admin password", "hunter2", "hunter2-Winter2026", "Winter2026",
+                  "correcthorsebatterystaple", "pwd", GOOGLE_KEY, "postgresql", "user pass host db"):
+        found = search_ids(engine, query)
+        assert set(found) <= {control["record_id"]}, query
+    assert search_ids(engine, "staging console") == [control["record_id"]]
+    for record_id in minted:
+        with pytest.raises(EngramError) as info:
+            call(engine, "get", ctx(), {"record_id": record_id, "purpose_ref": PURPOSE})
+        assert info.value.code == "NOT_FOUND"
+    assert call(engine, "get", ctx(), {"record_id": control["record_id"], "purpose_ref": PURPOSE})
+
+
+@pytest.mark.parametrize("where", ["component_id", "citation_id", "type_ref", "locator", "source_ref",
+                                   "evidence_ref"])
+def test_credentialed_url_in_an_id_or_ref_is_rejected(engine: Engine, where: str) -> None:
+    args = place(capture_args("We moved the reporting database to the new cluster."), where, PG_URL)
+    cap, outcome = capture_and_admit(engine, args, 1)
+    assert outcome["status"] == "rejected"
+    assert "record_id" not in outcome
+    with pytest.raises(EngramError) as info:
+        call(engine, "get", ctx(), {"record_id": record_id_from_digest(cap["record_digest"]), "purpose_ref": PURPOSE})
+    assert info.value.code == "NOT_FOUND"
+    assert search_ids(engine, "reporting database cluster") == []
+
+
+def test_every_string_of_the_candidate_is_screened() -> None:
+    """The walk is generic: family refs, purpose_ref, attestation, the locator scheme -- any string."""
+    base = capture_args("A harmless decision about the release train.")
+    payload, evidence = base["payload"], base["evidence"]
+    assert DefaultAdmissionPolicy().decide(payload, evidence) == "accept"
+    probes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for mutate in (
+        lambda p, e: p.update(reconciliation={"family_refs": ["family:adr", PG_URL]}),
+        lambda p, e: p.update(purpose_ref="purpose:" + GOOGLE_KEY),
+        lambda p, e: p["citations"][0]["locator"].update(scheme="pwd: correcthorsebatterystaple"),
+        lambda p, e: e.update(attestation="signed off; the admin password is hunter2"),
+        lambda p, e: p.update(extra={"nested": [{"deep": ["postgres://app:Sup3r-s3cret@db/app"]}]}),
+    ):
+        p, e = copy.deepcopy(payload), copy.deepcopy(evidence)
+        mutate(p, e)
+        probes.append((p, e))
+    for p, e in probes:
+        assert DefaultAdmissionPolicy().decide(p, e) == "reject"
+        assert secret_kind(p, e) is not None
+    # digests, ids and the scope are screened too, and never trip it
+    assert set(strings_of({"a": [payload, evidence]})) >= {payload["citations"][0]["content_digest"],
+                                                          evidence["evidence_digest"]}
+
+
+# ---- (b) the corpus through the policy function --------------------------------------------------
+
+
+def test_corpus_meets_the_targets_through_the_policy_function() -> None:
+    examples = secrets_eval.load_corpus(CORPUS)
+    assert sum(e["label"] == "secret" for e in examples) >= 300
+    assert sum(e["label"] == "benign" for e in examples) >= 300
+    assert {e["text"] for e in examples} >= set(HAND_TRIED)
+    assert len(GOOGLE_KEY) == 4 + 35 and GOOGLE_KEY.startswith("AIza")
+    result = secrets_eval.score_policy(examples, "corpus")
+    assert result.recall >= secrets_eval.RECALL_TARGET, result.misses
+    assert result.fpr <= secrets_eval.FPR_TARGET, result.misses
+    for (label, kind), tally in result.kinds.items():  # no kind is sacrificed to the average
+        if label == "secret":
+            assert tally.rate >= 0.9, (kind, result.misses)
+        else:
+            assert tally.rate <= 0.1, (kind, result.misses)
+
+
+def test_heldout_corpus_meets_the_targets() -> None:
+    result = secrets_eval.score_policy(secrets_eval.heldout_corpus(), "held-out")
+    assert result.recall >= secrets_eval.RECALL_TARGET, result.misses
+    assert result.fpr <= secrets_eval.FPR_TARGET, result.misses
+
+
+def test_hand_written_probes() -> None:
+    """Sentences written by hand, not by the generator (eval/secrets/probes.jsonl): no false positive,
+    and at most the one known miss ('key is "..."' with no credential word)."""
+    result = secrets_eval.score_policy(secrets_eval.load_corpus(CORPUS.with_name("probes.jsonl")), "probes")
+    assert result.benign.n >= 80 and result.benign.caught == 0, result.misses
+    assert result.secret.n >= 40 and result.secret.n - result.secret.caught <= 1, result.misses
+
+
+def test_the_committed_corpus_is_what_the_generator_makes() -> None:
+    generator = secrets_eval.load_generator()
+    assert secrets_eval.load_corpus(CORPUS) == generator.generate(generator.SEED)
+
+
+# ---- (c) the real engine agrees with the policy function ----------------------------------------
+
+
+def test_engine_verdicts_match_the_policy_function(tmp_path: Path) -> None:
+    examples = secrets_eval.load_corpus(CORPUS)
+    rng = random.Random(4)
+    by_label = {label: [e for e in examples if e["label"] == label] for label in ("secret", "benign")}
+    sample = [e for e in examples if e.get("source") == "hand-tried"]
+    sample += rng.sample(by_label["secret"], 18) + rng.sample(by_label["benign"], 18)
+    runner = secrets_eval.EngineRunner(tmp_path / "data")
+    try:
+        for example in sample:
+            verdict, record_id = runner.verdict(example)
+            assert verdict == secrets_eval.policy_verdict(example), example
+            assert (record_id is not None) == (verdict == "accepted")
+            expected = ("rejected", "blocked") if example["label"] == "secret" else ("accepted",)
+            assert verdict in expected, example
+    finally:
+        runner.close()
+
+
+# ---- (d) benign look-alikes in ids and refs -----------------------------------------------------
+
+LOOKALIKES = [
+    ("component_id", "c-password-policy"),
+    ("component_id", "k-3f9a1c2d"),
+    ("citation_id", "cite:token-rotation-runbook"),
+    ("citation_id", "123e4567-e89b-12d3-a456-426614174000"),
+    ("type_ref", "event:secret-rotated"),
+    ("type_ref", "event:password-reset"),
+    ("locator", "docs/security/passwords.md#L12"),
+    ("locator", "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+    ("source_ref", "https://wiki.example.com/Secrets_Management"),
+    ("source_ref", "mem_7x2kq4bd3owlu5w6hqnt2w5lhl2b4ofx5cq6gf7ut6vt4a3pa3ia"),
+    ("source_ref", "postgres://db.internal:5432/app"),
+    ("source_ref", "git@github.com:acme/api.git"),
+    ("evidence_ref", "candidate_8f14e45fceea167a5a36dedd4bea2543c2a8c6e2a1f9e7c4d9a1b2c3d4e5f6a7"),
+    ("evidence_ref", "ev:api-key-audit-2026"),
+]
+
+
+def test_benign_lookalikes_in_ids_and_refs_are_accepted(engine: Engine) -> None:
+    for n, (where, value) in enumerate(LOOKALIKES, 1):
+        assert find_secret(value) is None, value
+        args = place(capture_args(f"Decision {n}: rotate credentials through the vault runbook."), where, value)
+        _, outcome = capture_and_admit(engine, args, n)
+        assert outcome["status"] == "accepted", (where, value)
+        got = call(engine, "get", ctx(), {"record_id": outcome["record_id"], "purpose_ref": PURPOSE})
+        validate_output("get", got)
+        record = got["record"]
+        carried = set(strings_of([record["components"], record["citations"], record["primary_event"]]))
+        if where != "evidence_ref":  # evidence is not part of the record
+            assert value in carried, (where, value)
