@@ -242,7 +242,7 @@ class Lifecycle:
         decision_digest = envelope["receipt_digest"]
         if decision == "adjudication_required":
             pending_cursor = str(created_cursor)
-            return {
+            pending_value = {
                 "outcome": {
                     "status": "pending_adjudication",
                     "candidate_id": cid,
@@ -254,7 +254,12 @@ class Lifecycle:
                     ),
                 },
                 "replayed": False,
-            }, None
+            }
+            # No state changes, but the answer is bound to the key like any other: a same-key
+            # retry replays this decision receipt instead of issuing a new one.
+            with self.db.transaction() as con:
+                ledger.store(con, ctx, key, "request_admission", intent, pending_value, issued_at)
+            return pending_value, None
 
         auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
         accepted = decision == "accept"

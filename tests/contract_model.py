@@ -11,7 +11,7 @@ store/lifecycle.py:
   withdraw of withdrawn is ALREADY_TERMINAL, of accepted/rejected ILLEGAL_TRANSITION;
   request_admission of withdrawn is NOT_FOUND, of accepted/rejected the first decision marked
   ``duplicate_exact`` (not a ledger entry); of a pending candidate whose payload equals a
-  forgotten record of the scope ``pending_adjudication`` (not a ledger entry, stays pending);
+  forgotten record of the scope ``pending_adjudication`` (a ledger entry like any answer; the candidate stays pending);
 * record: current -> forgotten (tombstoned); forget of a forgotten record is ALREADY_TERMINAL;
 * the ledger keeps the first committed answer per (scope, principal, key); a replay with the same
   tool and arguments answers it again, marked as a replay (capture: ``status`` becomes

@@ -236,7 +236,8 @@ class ContractMachine(RuleBasedStateMachine):
         if expect == "adjudicate":
             assert outcome["status"] == "pending_adjudication" and "record_id" not in outcome, f"{what}: {outcome}"
             assert outcome["candidate_id"] == cid
-            return None  # uncommitted: binds no key, the candidate stays pending
+            self.model.bind(lk, tool, args, value)  # bound to its key; the candidate stays pending
+            return None
         cand.outcome = outcome
         self.model.bind(lk, tool, args, value)
         if expect == "reject":

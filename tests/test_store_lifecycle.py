@@ -158,6 +158,8 @@ def test_forget_tombstones_shreds_and_blocks_readmission(h: Harness) -> None:
     held = h.admit(again["candidate_id"], key="admit-key-0000003")
     assert held["outcome"]["status"] == "pending_adjudication" and "record_id" not in held["outcome"]
     assert h.state("candidates", "candidate_id", again["candidate_id"]) == "pending"
+    # the held answer is bound to its key: a retry replays the same decision receipt
+    assert h.admit(again["candidate_id"], key="admit-key-0000003") == {**held, "replayed": True}
     # replaying the original capture key is a capture replay, not a new adjudication
     assert h.capture(text)["status"] == "duplicate_exact"
 
