@@ -276,7 +276,7 @@ def mutate(rng: random.Random, marker: str, tool: str, args: dict[str, Any], sch
         "none", "extra_field", "extra_nested", "drop_required", "null", "wrong_type", "string_bounds",
         "int_bounds", "float_for_int", "non_nfc", "deep_nesting", "huge_argument", "bad_id", "bad_cursor",
         "lone_surrogate", "number_1e400", "negative_zero", "empty_object", "unknown_tool", "non_object_raw",
-        "many_components",
+        "many_components", "protocol_frame",
     ])
     a = copy.deepcopy(args)
     if kind == "none":
@@ -433,6 +433,17 @@ def mutate(rng: random.Random, marker: str, tool: str, args: dict[str, Any], sch
         body = json.dumps(dict(a, **({"limit": 0} if tool == "search" else {"max_packet_bytes": 0})))
         body = body.replace('": 0}', '": -0}').replace('": 0,', '": -0,')
         return kind, a, _frame(tool, body.encode())
+    if kind == "protocol_frame":  # frames wrong at the JSON-RPC level, each carrying the marker
+        m = marker.encode()
+        return kind, a, rng.choice([
+            b'{"jsonrpc":"2.0","id":1,"method":"' + m + b'/call"}',  # unknown method
+            b'{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"' + m + b'"}}',  # unserved
+            b'{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"' + m + b'"}}',  # version
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"' + m + b'"}',  # params not an object
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/\\ud800' + m + b'"}',  # lone surrogate in method
+            b"not json " + m,  # a non-JSON line
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\xff' + m + b'"}}',  # not UTF-8
+        ])
     if kind == "non_object_raw":
         body = rng.choice(["[1, 2]", json.dumps(marker), "null", "1", "true", "[" * 5000 + "]" * 5000])
         return kind, a, _frame(tool, body.encode())

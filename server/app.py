@@ -12,7 +12,9 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
@@ -51,9 +53,22 @@ def open_engine(cfg: ServeConfig) -> Engine:
     return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
 
 
+class NoEcho:
+    """JSON-RPC errors carry their code and constant message only: the SDK puts the request's
+    method name in ``data`` of -32601 ("Method not found"), which echoes input."""
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        try:
+            return await call_next(ctx)
+        except MCPError as exc:
+            if exc.error.data is None:
+                raise
+            raise MCPError(exc.code, exc.message) from None
+
+
 def build_server(handlers: Dispatcher | StdioFront, instructions: str = INSTRUCTIONS) -> Server[Any]:
     """The MCP server over a dispatcher, or over a stdio launch's front (owner or relay)."""
-    return Server(
+    server = Server(
         SERVER_NAME,
         version=server_version(),
         title="Engram memory",
@@ -62,6 +77,8 @@ def build_server(handlers: Dispatcher | StdioFront, instructions: str = INSTRUCT
         on_call_tool=handlers.call_tool,
         get_tool_input_schema=tool_input_schema,
     )
+    server.middleware.append(NoEcho())
+    return server
 
 
 def tool_input_schema(name: str) -> dict[str, Any] | None:

@@ -22,6 +22,10 @@ FRAMES: list[tuple[str, bytes, Any, int]] = [  # name, raw line, expected id, ex
     ("invalid utf-8", b'{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{"x":"\xff\xfe"}}', None, -32700),
     ("array", b"[1,2]", None, -32600),
     ("deep nesting", b"[" * 100_000 + b"]" * 100_000, None, -32700),
+    # the SDK put the method name in the error's data
+    ("unknown method", b'{"jsonrpc":"2.0","id":10,"method":"secret-marker/x"}', 10, -32601),
+    ("unserved method", b'{"jsonrpc":"2.0","id":11,"method":"prompts/get","params":{"name":"secret-marker"}}',
+     11, -32601),
 ]
 
 
