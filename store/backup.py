@@ -291,11 +291,13 @@ def _refuse(message: str) -> AdminRefusal:
 
 @contextlib.contextmanager
 def _dir_lock(data_dir: Path) -> Iterator[None]:
-    """Hold the data dir's advisory lock (the one a server takes) for the whole restore."""
-    if not data_dir.exists():
+    """Hold the data dir's advisory lock (the one a server takes) for the whole restore. Without
+    a lock file no server holds the directory, and none is created (a refusal changes nothing)."""
+    try:
+        fd = os.open(data_dir / ".lock", os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
         yield
         return
-    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -135,30 +135,33 @@ class KeyStore:
     def rotate(self, data_dir: Path) -> int:
         """Re-wrap every data key under a fresh master key; the old master key is then destroyed.
 
-        Crash-safe in two phases. (1) Staging: the new master and every re-wrapped key are
-        written under ``rotate/``; the live files are untouched, so a crash leaves the old
-        store as it was (the next open discards the staging). (2) After ``rotate/COMMITTED``
-        is written, the re-wrapped keys replace the live ones and the new master overwrites
-        ``master.key`` in place; a crash in this phase is rolled forward by the next open
-        (:func:`finish_rotation`), which needs only the staged files. The caller holds the
-        data dir's lock. Returns the number of keys re-wrapped."""
+        Crash-safe in two phases. (1) :meth:`stage_rotation`: the new master and every
+        re-wrapped key are written under ``rotate/``, the live files untouched, so a crash
+        leaves the old store as it was (the next open discards the staging). (2) Once
+        ``rotate/COMMITTED`` is written, :func:`finish_rotation` moves the re-wrapped keys over
+        the live ones and writes the new master over ``master.key`` in place; a crash in this
+        phase is rolled forward by the next open, which needs only the staged files. The
+        caller holds the data dir's lock. Returns the number of keys re-wrapped."""
+        count = self.stage_rotation(data_dir)
+        finish_rotation(data_dir)
+        self._master = AESGCM((data_dir / "master.key").read_bytes())
+        return count
+
+    def stage_rotation(self, data_dir: Path) -> int:
+        """Phase 1 of :meth:`rotate`: stage and commit the re-wrapped keys (live files untouched)."""
         stage = data_dir / ROTATION_DIR
         if stage.exists():
             finish_rotation(data_dir)
         (stage / "keys").mkdir(mode=0o700, parents=True)
         new_master = secrets.token_bytes(32)
         _write_private(stage / "master.key", new_master)
-        wrapper = AESGCM(new_master)
-        count = 0
-        for name, blob in self.export(wrapper).items():
+        staged = self.export(AESGCM(new_master))
+        for name, blob in staged.items():
             _write_private(stage / "keys" / name, blob)
-            count += 1
         _fsync_dir(stage / "keys")
         _write_private(stage / COMMITTED, b"1")
         _fsync_dir(stage)
-        finish_rotation(data_dir)
-        self._master = wrapper
-        return count
+        return len(staged)
 
     def sweep_orphans(self, referenced: set[str]) -> int:
         removed = 0
