@@ -152,7 +152,8 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
     """Write the backup tar of ``engine``'s store to ``out`` (0600); returns its manifest.
 
     The copy is taken under the engine's write lock: DuckDB, the projections and the key files
-    agree with each other (and with the journal heads recorded) at one instant."""
+    agree with each other (and with the journal heads recorded) at one instant. Only the copies
+    happen under it (the re-wrapped keys stay in memory); digests and the tar come after."""
     data_dir = Path(engine.config.data_dir)
     staging = Path(tempfile.mkdtemp(prefix=".backup-", dir=data_dir))
     try:
@@ -172,30 +173,27 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
                 engine.projections.vectors(scope).save()
             shutil.copytree(engine.projections.root, staging / "projections",
                             ignore=shutil.ignore_patterns("*.lock"))
-            wrapper = AESGCM(backup_key)
-            (staging / "keys").mkdir(mode=0o700)
-            for name, blob in engine.keys.export(wrapper).items():
-                _write_private(staging / "keys" / name, blob)
-            _write_private(staging / SERVER_KEY_MEMBER, seal(backup_key, engine.keys.server_secret, SERVER_KEY_AAD))
-        files = {str(p.relative_to(staging)): _sha256_file(p)
-                 for p in sorted(staging.rglob("*")) if p.is_file()}
+            blobs = {f"keys/{name}": blob for name, blob in engine.keys.export(AESGCM(backup_key)).items()}
+            blobs[SERVER_KEY_MEMBER] = seal(backup_key, engine.keys.server_secret, SERVER_KEY_AAD)
+        files = {str(p.relative_to(staging)): _sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
+        files.update({name: "sha256:" + hashlib.sha256(blob).hexdigest() for name, blob in sorted(blobs.items())})
         manifest = {"format": FORMAT, "store_id": sid, "created_at": to_instant(wall_clock()),
                     "key_id": key_id(backup_key), "heads": heads, "files": files}
         manifest_bytes = canonical_bytes(manifest)
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name, data in ((MANIFEST, manifest_bytes), (MANIFEST_MAC, _mac(backup_key, manifest_bytes).encode())):
+            members = {MANIFEST: manifest_bytes, MANIFEST_MAC: _mac(backup_key, manifest_bytes).encode(), **blobs}
+            for name, data in members.items():
                 info = tarfile.TarInfo(name)
-                info.size, info.mode = len(data), 0o600
+                info.size, info.mode, info.mtime = len(data), 0o600, int(wall_clock() // 1000)
                 tar.addfile(info, io.BytesIO(data))
             for name in files:
-                tar.add(staging / name, arcname=name, recursive=False)
+                if name not in blobs:
+                    tar.add(staging / name, arcname=name, recursive=False)
             fh.flush()
             os.fsync(fh.fileno())
         return manifest
     finally:
-        for key_file in (staging / "keys").glob("*") if (staging / "keys").exists() else ():
-            shred(key_file)
         shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -372,7 +370,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
         try:
             for path in sorted((staging / "keys").glob("*")):
                 ref = "local:key-" + path.name
-                _write_private(path, wrap(live, ref, unwrap(wrapper, ref, path.read_bytes())))
+                path.write_bytes(wrap(live, ref, unwrap(wrapper, ref, path.read_bytes())))  # (0600: extracted so)
             sealed = (staging / SERVER_KEY_MEMBER).read_bytes()
             server_key = AESGCM(backup_key).decrypt(sealed[:12], sealed[12:], SERVER_KEY_AAD)
         except InvalidTag:
@@ -380,6 +378,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
         _write_private(staging / "server.key", server_key)
         (staging / SERVER_KEY_MEMBER).unlink()
         os.chmod(staging, 0o700)
+        os.sync()  # everything staged is on disk before the swap (one sync, not one per key file)
         with _dir_lock(data_dir):
             replaced = _check_target(data_dir, manifest)
             old = None

@@ -157,8 +157,12 @@ class KeyStore:
         _write_private(stage / "master.key", new_master)
         staged = self.export(AESGCM(new_master))
         for name, blob in staged.items():
-            _write_private(stage / "keys" / name, blob)
-        _fsync_dir(stage / "keys")
+            fd = os.open(stage / "keys" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, blob)
+            finally:
+                os.close(fd)
+        os.sync()  # every staged key on disk before the commit marker (one sync, not one per key)
         _write_private(stage / COMMITTED, b"1")
         _fsync_dir(stage)
         return len(staged)
