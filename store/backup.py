@@ -2,16 +2,18 @@
 
 What a backup holds: a consistent copy of ``engram.duckdb`` (DuckDB's ``COPY FROM DATABASE``,
 one transaction), the projections (Tantivy and vector files, so a restored store ranks
-byte-identically without a rebuild), every data key and the page-cursor secret, and
+byte-identically without a rebuild; sealed with the backup key, as they hold plain text and
+embeddings), every data key and the page-cursor secret, and
 ``manifest.json``: format, store id, created_at, journal heads per scope, and each file's
 SHA-256. ``manifest.mac`` is an HMAC-SHA256 of the manifest under the backup key, so a damaged
 or edited backup (or a key that is not its own) is refused before anything is written.
 
 How keys are protected: the store's master key never leaves the data dir. Each backup gets a
 fresh random *backup key*; every data key is re-wrapped under it (and the cursor secret sealed
-with it). The backup key is written beside the backup (``FILE.key``, 0600), never inside it:
-the tar alone holds only ciphertext and metadata (digests, ids, cursors). A restore unwraps
-with the backup key and re-wraps under a new master key of its own.
+with it, and the projection files sealed with it). The backup key is written beside the backup
+(``FILE.key``, 0600), never inside it: the tar alone holds only ciphertext and metadata (ids,
+digests, cursors, times, the journal). A restore unwraps with the backup key and re-wraps
+under a new master key of its own.
 
 Crypto-shredding and backups: a key destroyed before a backup is simply not in it (a forgotten
 record's body in the copied DuckDB file is NULL, and free blocks are not copied). A backup taken
@@ -49,7 +51,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
-from engram_memory.store.crypto import _write_private, seal, shred, unwrap, wrap
+from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, STORE_BUSY, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 
@@ -120,6 +122,10 @@ def read_key_file(path: Path) -> bytes:
     return key
 
 
+def _member_aad(name: str) -> bytes:
+    return b"engram-backup:" + name.encode("utf-8")
+
+
 def _mac(backup_key: bytes, manifest_bytes: bytes) -> str:
     return hmac.new(backup_key, manifest_bytes, hashlib.sha256).hexdigest()
 
@@ -175,6 +181,12 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
                             ignore=shutil.ignore_patterns("*.lock"))
             blobs = {f"keys/{name}": blob for name, blob in engine.keys.export(AESGCM(backup_key)).items()}
             blobs[SERVER_KEY_MEMBER] = seal(backup_key, engine.keys.server_secret, SERVER_KEY_AAD)
+        # The projections hold plain text (Tantivy's stored fields and terms) and embeddings: in
+        # the backup they are sealed with the backup key, each bound to its name.
+        for path in sorted((staging / "projections").rglob("*")):
+            if path.is_file():
+                name = str(path.relative_to(staging))
+                path.write_bytes(seal(backup_key, path.read_bytes(), _member_aad(name)))
         files = {str(p.relative_to(staging)): _sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
         files.update({name: "sha256:" + hashlib.sha256(blob).hexdigest() for name, blob in sorted(blobs.items())})
         manifest = {"format": FORMAT, "store_id": sid, "created_at": to_instant(wall_clock()),
@@ -373,8 +385,12 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
                 path.write_bytes(wrap(live, ref, unwrap(wrapper, ref, path.read_bytes())))  # (0600: extracted so)
             sealed = (staging / SERVER_KEY_MEMBER).read_bytes()
             server_key = AESGCM(backup_key).decrypt(sealed[:12], sealed[12:], SERVER_KEY_AAD)
-        except InvalidTag:
-            raise _invalid(f"{backup}: a key does not open with the backup key (damaged)") from None
+            for path in sorted((staging / "projections").rglob("*")):
+                if path.is_file():
+                    aad = _member_aad(str(path.relative_to(staging)))
+                    path.write_bytes(open_sealed(backup_key, path.read_bytes(), aad))
+        except (InvalidTag, ValueError):
+            raise _invalid(f"{backup}: a sealed file does not open with the backup key (damaged)") from None
         _write_private(staging / "server.key", server_key)
         (staging / SERVER_KEY_MEMBER).unlink()
         os.chmod(staging, 0o700)
