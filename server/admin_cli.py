@@ -156,8 +156,11 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, json_out: JsonOut 
     scopes = _closed_store(target, scope_ref)
     from engram_memory.store.verify import verify_store
 
-    with _busy("verifying the store"):
-        report = verify_store(target, deep=True)
+    try:
+        with _busy("verifying the store"):
+            report = verify_store(target, deep=True)
+    except Exception as exc:  # noqa: BLE001 - a store too damaged to walk is a failed verification
+        raise _refuse("JOURNAL_CORRUPT", f"the store at {target} cannot be read ({type(exc).__name__})") from None
     problems = [p for p in report.problems if scope_ref is None or p.startswith(scope_ref)]
     data = {**report.as_dict(), "data_dir": str(target), "scopes_checked": [_pair(s) for s in scopes
                                                                             if scope_ref in (None, s)]}
@@ -243,6 +246,8 @@ def restore_cmd(
         raise _fail(f"--from {from_}: no such file")
     if not key_path.is_file():
         raise _fail(f"--key {key_path}: no such file (a backup's key is written beside it as FILE.key)")
+    if not target.absolute().parent.is_dir():
+        raise _fail(f"--data-dir {target}: no such directory {target.absolute().parent}")
     with _outcomes():
         backup_key = bk.read_key_file(key_path)
         if target.is_dir() and bk.held_by_another(target):

@@ -370,8 +370,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
 
     Everything is verified and prepared beside the target first; the target is replaced by one
     rename at the end, so a refusal or a crash before it leaves the target as it was."""
-    data_dir = data_dir.absolute()
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    data_dir = data_dir.absolute()  # its parent exists (the command checks): staging goes beside it
     staging = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.restore-", dir=data_dir.parent))
     try:
         manifest = extract_verified(backup, backup_key, staging)

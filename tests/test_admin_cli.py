@@ -197,6 +197,9 @@ def test_offline_backup_restore_and_every_refusal(tmp_path: Path) -> None:
     assert MARKER.encode() not in backup.read_bytes() and b"DuckDB for the lifecycle" not in backup.read_bytes()
     assert any(MARKER.encode() in p.read_bytes() for p in (data_dir / "projections").rglob("*") if p.is_file())
     refused(admin(["backup", "--data-dir", str(data_dir), "--out", str(backup)]), 2, "--out")  # no overwrite
+    refused(admin(["restore", "--data-dir", str(tmp_path / "no" / "data"), "--from", str(backup)]), 2,
+            "--data-dir")
+    assert not (tmp_path / "no").exists()
 
     # control: the untouched backup restores, and the restored store answers byte-identically
     fresh = tmp_path / "fresh"
