@@ -52,7 +52,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
-from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, STORE_BUSY, AdminRefusal
+from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 
 FORMAT = "engram-memory-backup/1"
@@ -414,7 +414,3 @@ def held_by_another(data_dir: Path) -> bool:
     from engram_memory.store.rebuild import _held_by_another
 
     return _held_by_another(data_dir)
-
-
-def refuse_busy(data_dir: Path) -> AdminRefusal:
-    return AdminRefusal(STORE_BUSY, f"data dir {data_dir} is in use by a running server; stop it first")
