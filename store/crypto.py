@@ -188,23 +188,27 @@ def _fsync_dir(path: Path) -> None:
 
 
 def finish_rotation(data_dir: Path) -> None:
-    """Complete a committed master-key rotation, or discard an uncommitted one (idempotent)."""
+    """Complete a committed master-key rotation, or discard an uncommitted one (idempotent: a
+    crash at any step of this function is finished by the next call)."""
     stage = data_dir / ROTATION_DIR
     if not stage.exists():
         return
-    staged_master = stage / "master.key"
-    if (stage / COMMITTED).exists():
+    staged_master, staged_keys, marker = stage / "master.key", stage / "keys", stage / COMMITTED
+    if marker.exists():
         keys = data_dir / "keys"
-        for path in sorted((stage / "keys").iterdir()):
+        for path in sorted(staged_keys.iterdir()) if staged_keys.exists() else ():
             os.replace(path, keys / path.name)  # each key file: old wrap or new wrap, never torn
         _fsync_dir(keys)
-        # The old master's bytes are overwritten where they lie, then the staged copy goes.
-        _overwrite_in_place(data_dir / "master.key", staged_master.read_bytes())
-        shred(staged_master)
+        if staged_master.exists():
+            # The old master's bytes are overwritten where they lie, then the staged copy goes.
+            _overwrite_in_place(data_dir / "master.key", staged_master.read_bytes())
+            shred(staged_master)
     else:
         shred(staged_master)  # never used: nothing was wrapped under it outside the staging
-        for path in (stage / "keys").glob("*") if (stage / "keys").exists() else ():
+        for path in staged_keys.glob("*") if staged_keys.exists() else ():
             shred(path)
+    shutil.rmtree(staged_keys, ignore_errors=True)
+    marker.unlink(missing_ok=True)  # last: without it, only empty leftovers can remain
     shutil.rmtree(stage)
     _fsync_dir(data_dir)
 

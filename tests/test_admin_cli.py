@@ -424,6 +424,10 @@ def test_a_rotation_interrupted_at_any_point_leaves_a_readable_store(store) -> N
     assert answers(data_dir, live) == expected
     assert (data_dir / "master.key").read_bytes() != master and not (data_dir / ROTATION_DIR).exists()
     finish_rotation(data_dir)  # nothing left to do: idempotent
+    # Crash after everything but the clean-up: only the commit marker is left.
+    (data_dir / ROTATION_DIR).mkdir()
+    (data_dir / ROTATION_DIR / COMMITTED).write_bytes(b"1")
+    assert answers(data_dir, live) == expected and not (data_dir / ROTATION_DIR).exists()
 
 
 # ---- none of it over MCP ------------------------------------------------------------------------
