@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
+from engram_memory.server.admin_socket import admin_routes
 from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
@@ -143,7 +144,8 @@ async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskSta
     """The owner's Unix socket: other local launches' calls, each under its signed context."""
     key = ensure_local_key(Path(cfg.data_dir))
     ring = local_ring(key)
-    app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring, bind_host="127.0.0.1", remote=False)
+    app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring, bind_host="127.0.0.1",
+                          remote=False, extra_routes=admin_routes(engine))  # host-only: never on TCP
     path = socket_path(Path(cfg.data_dir))
     try:
         sock = bind_socket(path)

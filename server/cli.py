@@ -19,6 +19,7 @@ from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 
+from engram_memory.server.admin_cli import admin_app  # noqa: E402
 from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
 from engram_memory.server.host_cli import host_app  # noqa: E402
 from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
@@ -176,6 +177,7 @@ app.command("serve")(serve)
 app.command("daemon")(daemon)
 app.command("rebuild-index")(rebuild_index_cmd)
 app.add_typer(host_app)
+app.add_typer(admin_app)
 # Other parts of the distribution (the evaluation harness) plug their commands in through
 # the "engram_memory.commands" entry point group, so the server never imports them.
 for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):

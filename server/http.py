@@ -10,6 +10,7 @@ and the data directory's Unix socket (local hosts, :mod:`engram_memory.server.lo
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from mcp.server.lowlevel import Server
@@ -66,14 +67,16 @@ class BearerAuth:
         return self.ring.keys.host_for_bearer(text)
 
 
-def signed_http_app(server: Server[Any], ring: KeyRing, *, bind_host: str, remote: bool) -> ASGIApp:
-    """The SDK's streamable HTTP app at /mcp, /healthz beside it, the bearer check in front."""
+def signed_http_app(server: Server[Any], ring: KeyRing, *, bind_host: str, remote: bool,
+                    extra_routes: Sequence[Route] = ()) -> ASGIApp:
+    """The SDK's streamable HTTP app at /mcp, /healthz beside it, the bearer check in front
+    (``extra_routes``: the owner socket's host-only backup route, server/admin_socket.py)."""
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if remote else None
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         host=bind_host,
         transport_security=security,
-        custom_starlette_routes=[Route(HEALTH_PATH, healthz, methods=["GET"])],
+        custom_starlette_routes=[Route(HEALTH_PATH, healthz, methods=["GET"]), *extra_routes],
     )
     return BearerAuth(app, ring)
 

@@ -13,12 +13,50 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 NONCE = 12
+ROTATION_DIR = "rotate"  # a master-key rotation in progress (see KeyStore.rotate)
+COMMITTED = "COMMITTED"
+
+
+def wrap(master: AESGCM, key_ref: str, dek: bytes) -> bytes:
+    """A data key's file content: sealed under ``master``, bound to its key_ref."""
+    nonce = secrets.token_bytes(NONCE)
+    return nonce + master.encrypt(nonce, dek, key_ref.encode())
+
+
+def unwrap(master: AESGCM, key_ref: str, blob: bytes) -> bytes:
+    """Raises cryptography's InvalidTag when ``master`` is not the key that wrapped ``blob``."""
+    return master.decrypt(blob[:NONCE], blob[NONCE:], key_ref.encode())
+
+
+def shred(path: Path) -> None:
+    """Overwrite a key file in place, then unlink it (absent is fine)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "r+b") as fh:
+            fh.write(secrets.token_bytes(size))
+            fh.flush()
+            os.fsync(fh.fileno())
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _overwrite_in_place(path: Path, data: bytes) -> None:
+    """Replace a file's bytes in its own blocks (the old bytes are overwritten, not unlinked)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, data, 0)  # written over the old bytes first (a master key is always 32 bytes)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -36,6 +74,7 @@ class KeyStore:
     def __init__(self, data_dir: Path) -> None:
         self.dir = data_dir / "keys"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        finish_rotation(data_dir)  # a rotation a crash interrupted: completed or undone first
         master_path = data_dir / "master.key"
         if not master_path.exists():
             _write_private(master_path, secrets.token_bytes(32))
@@ -80,6 +119,54 @@ class KeyStore:
             return False
         return not path.exists()
 
+    def key_refs(self) -> list[str]:
+        """Every data key on disk, sorted."""
+        return sorted("local:key-" + p.name for p in self.dir.iterdir() if not p.name.endswith(".tmp"))
+
+    def export(self, wrapper: AESGCM) -> dict[str, bytes]:
+        """Every data key re-wrapped under ``wrapper`` (a backup's own key): file name -> content."""
+        out = {}
+        for ref in self.key_refs():
+            dek = self.load(ref)
+            if dek is not None:
+                out[self._path(ref).name] = wrap(wrapper, ref, dek)
+        return out
+
+    def rotate(self, data_dir: Path) -> int:
+        """Re-wrap every data key under a fresh master key; the old master key is then destroyed.
+
+        Crash-safe in two phases. (1) :meth:`stage_rotation`: the new master and every
+        re-wrapped key are written under ``rotate/``, the live files untouched, so a crash
+        leaves the old store as it was (the next open discards the staging). (2) Once
+        ``rotate/COMMITTED`` is written, :func:`finish_rotation` moves the re-wrapped keys over
+        the live ones and writes the new master over ``master.key`` in place; a crash in this
+        phase is rolled forward by the next open, which needs only the staged files. The
+        caller holds the data dir's lock. Returns the number of keys re-wrapped."""
+        count = self.stage_rotation(data_dir)
+        finish_rotation(data_dir)
+        self._master = AESGCM((data_dir / "master.key").read_bytes())
+        return count
+
+    def stage_rotation(self, data_dir: Path) -> int:
+        """Phase 1 of :meth:`rotate`: stage and commit the re-wrapped keys (live files untouched)."""
+        stage = data_dir / ROTATION_DIR
+        if stage.exists():
+            finish_rotation(data_dir)
+        (stage / "keys").mkdir(mode=0o700, parents=True)
+        new_master = secrets.token_bytes(32)
+        _write_private(stage / "master.key", new_master)
+        staged = self.export(AESGCM(new_master))
+        for name, blob in staged.items():
+            fd = os.open(stage / "keys" / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, blob)
+            finally:
+                os.close(fd)
+        os.sync()  # every staged key on disk before the commit marker (one sync, not one per key)
+        _write_private(stage / COMMITTED, b"1")
+        _fsync_dir(stage)
+        return len(staged)
+
     def sweep_orphans(self, referenced: set[str]) -> int:
         removed = 0
         for path in self.dir.iterdir():
@@ -90,6 +177,40 @@ class KeyStore:
                 elif self.destroy(ref):
                     removed += 1
         return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finish_rotation(data_dir: Path) -> None:
+    """Complete a committed master-key rotation, or discard an uncommitted one (idempotent: a
+    crash at any step of this function is finished by the next call)."""
+    stage = data_dir / ROTATION_DIR
+    if not stage.exists():
+        return
+    staged_master, staged_keys, marker = stage / "master.key", stage / "keys", stage / COMMITTED
+    if marker.exists():
+        keys = data_dir / "keys"
+        for path in sorted(staged_keys.iterdir()) if staged_keys.exists() else ():
+            os.replace(path, keys / path.name)  # each key file: old wrap or new wrap, never torn
+        _fsync_dir(keys)
+        if staged_master.exists():
+            # The old master's bytes are overwritten where they lie, then the staged copy goes.
+            _overwrite_in_place(data_dir / "master.key", staged_master.read_bytes())
+            shred(staged_master)
+    else:
+        shred(staged_master)  # never used: nothing was wrapped under it outside the staging
+        for path in staged_keys.glob("*") if staged_keys.exists() else ():
+            shred(path)
+    shutil.rmtree(staged_keys, ignore_errors=True)
+    marker.unlink(missing_ok=True)  # last: without it, only empty leftovers can remain
+    shutil.rmtree(stage)
+    _fsync_dir(data_dir)
 
 
 def seal(dek: bytes, plaintext: bytes, aad: bytes) -> bytes:

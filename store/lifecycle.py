@@ -316,6 +316,88 @@ class Lifecycle:
         self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open
         return value, admitted
 
+    # -- operator adjudication (host-only: engram-memory admin adjudicate) --------------
+
+    def adjudicate(self, cid: str, accept: bool, reason: str, now: int
+                   ) -> tuple[dict[str, Any], AdmittedRecord | None]:
+        """The operator's decision on a candidate held for adjudication: accept or reject it,
+        journalled with the operator's reason. Kept apart from request_admission on purpose:
+        no agent context is involved, and the journal says an operator decided.
+
+        Raises LookupError for an unknown candidate and ValueError when it is not awaiting
+        adjudication (not pending, or the policy would decide it on its own)."""
+        row = self.db.one(
+            "SELECT scope_ref, state, created_cursor, key_ref, envelope, payload_digest FROM candidates"
+            " WHERE candidate_id = ?", [cid])
+        if row is None:
+            raise LookupError(cid)
+        scope_ref, state, created_cursor, key_ref, sealed, pd = row
+        if state != CandidateState.PENDING:
+            raise ValueError(f"candidate {cid} is {state}, not awaiting adjudication")
+        dek = self.keys.load(key_ref) if key_ref else None
+        if dek is None or sealed is None:
+            raise ValueError(f"candidate {cid} has lost its data key")
+        env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
+        decision = self.admission_policy.decide(env["payload"], env["evidence"])
+        if decision == "accept" and self._tombstoned(scope_ref, pd):
+            decision = "adjudication_required"
+        if decision != "adjudication_required":
+            raise ValueError(f"candidate {cid} is not awaiting adjudication (the policy decides it: {decision})")
+        record = self._build_record(env["payload"], pd, env["recorded_at"], int(created_cursor),
+                                    env["authorization_receipt_digest"], env["trust"])
+        at = to_instant(now)
+        operation = Operation.ACCEPT if accept else Operation.REJECT
+        to_state = next_state(operation, CandidateState.PENDING).value
+        verdict = {"decision": "accept" if accept else "reject", "reason": reason, "decided_at": at,
+                   "record_digest": record["record_digest"]}
+        verdict["receipt_digest"] = receipt_digest("operator-adjudication", {"candidate_id": cid, **verdict})
+        record_key = self.keys.create() if accept else None
+        admitted: AdmittedRecord | None = None
+        with self.db.transaction() as con:
+            body: dict[str, Any] = {
+                "event_id": "adjudication:" + cid,
+                "recorded_at": at,
+                "operation": operation.value,
+                "candidate_id": cid,
+                "from_state": state,
+                "to_state": to_state,
+                "authorization_receipt_digest": verdict["receipt_digest"],
+                "adjudication": verdict,
+            }
+            if accept:
+                body["record_id"] = record["record_id"]
+                body["record_digest"] = record["record_digest"]
+            event = self.db.append_event(con, scope_ref, body, advance_projection=accept)
+            cursor = int(event["cursor"])
+            outcome: dict[str, Any] = {
+                "status": CANDIDATE_ROW_STATE[operation].value,
+                "candidate_id": cid,
+                "cursor": str(cursor),
+                "decision_receipt_digest": verdict["receipt_digest"],
+                "transaction_receipt_digest": self._transaction_receipt(
+                    operation.value, cursor, event["event_hash"], at, record["record_digest"] if accept else None),
+            }
+            if accept:
+                assert record_key is not None
+                rkey_ref, rdek = record_key
+                outcome["record_id"] = record["record_id"]
+                valid = record["valid_time"]
+                expires = record["retention"].get("expires_at")
+                con.execute(
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [record["record_id"], scope_ref, cid, to_state, record["record_digest"],
+                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
+                     from_instant(expires) if expires else None, rkey_ref,
+                     seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
+                )
+                admitted = AdmittedRecord(scope_ref, record, cursor)
+            con.execute(
+                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
+                [CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome), cid],
+            )
+        self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open
+        return {"scope_ref": scope_ref, "event": event, "outcome": outcome}, admitted
+
     def _tombstoned(self, scope_ref: str, pd: str) -> bool:
         return self.db.one(
             "SELECT 1 FROM tombstoned_payloads WHERE scope_ref = ? AND payload_digest = ? LIMIT 1", [scope_ref, pd]

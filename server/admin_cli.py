@@ -1,0 +1,368 @@
+"""``engram-memory admin ...``: host-only maintenance (never agent tools, never over MCP).
+
+verify, backup, restore, expire, adjudicate, history, candidates and rotate-master-key. Each
+prints a table (stdout) or, with ``--json``, one JSON document. A mistake of the operator is
+one ``engram-memory: error:`` line and exit 2; a refusal is one line naming its code
+(store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY,
+NOT_ADJUDICABLE) and exit 1. Only ``backup`` runs alongside a server (the owner makes the copy
+over its socket); every other command refuses while another process holds the data dir.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engram_memory.models.context import HOST_ID_PATTERN
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+admin_app = typer.Typer(
+    name="admin",
+    help="Host-only maintenance: verify, backup/restore, expire, adjudicate, history, key rotation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Store directory (default: the serve default).")]
+Scope = Annotated[str | None, typer.Option("--scope", help="One scope, as TENANT/WORKSPACE.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _fail(message: str) -> typer.Exit:
+    sys.stderr.write(f"engram-memory: error: {message}\n")
+    sys.stderr.flush()
+    return typer.Exit(EXIT_USAGE)
+
+
+def _refuse(code: str, message: str) -> typer.Exit:
+    sys.stderr.write(f"engram-memory: error: {code}: {message}\n")
+    sys.stderr.flush()
+    return typer.Exit(EXIT_REFUSED)
+
+
+@contextmanager
+def _outcomes() -> Iterator[None]:
+    """Store refusals and usage errors as one line each (no traceback)."""
+    from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
+    try:
+        yield
+    except AdminRefusal as exc:
+        raise _refuse(exc.code, str(exc)) from None
+    except AdminUsageError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _target(data_dir: Path | None) -> Path:
+    from engram_memory.server.config import default_data_dir
+
+    return data_dir or default_data_dir()
+
+
+def _scope_ref(scope: str | None) -> str | None:
+    if scope is None:
+        return None
+    tenant, sep, workspace = scope.partition("/")
+    if not sep or not HOST_ID_PATTERN.match(tenant) or not HOST_ID_PATTERN.match(workspace):
+        raise _fail(f"--scope {scope!r} is not TENANT/WORKSPACE (each: letters, digits and . _ : @ -,"
+                    " starting with a letter or digit, at most 128 characters)")
+    return f"tenant:{tenant}/workspace:{workspace}"
+
+
+def _pair(scope_ref: str) -> str:
+    from engram_memory.store.rebuild import scope_names
+
+    names = scope_names(scope_ref)
+    return f"{names[0]}/{names[1]}" if names else scope_ref
+
+
+def _closed_store(data_dir: Path, scope_ref: str | None = None) -> list[str]:
+    """Check that ``data_dir`` holds a store no other process holds (and the scope, if given);
+    read-only, nothing created. Returns the store's scopes."""
+    from engram_memory.store.db import StoreBusyError
+    from engram_memory.store.rebuild import NoStoreError, existing_scopes
+    from engram_memory.store.refusals import STORE_BUSY
+
+    try:
+        scopes = existing_scopes(data_dir)
+    except NoStoreError as exc:
+        raise _fail(str(exc)) from None
+    except StoreBusyError:
+        raise _refuse(STORE_BUSY, f"data dir {data_dir} is in use by a running server; stop it first") from None
+    if scope_ref is not None and scope_ref not in scopes:
+        listed = ", ".join(_pair(s) for s in scopes[:20]) or "none"
+        raise _fail(f"no scope {_pair(scope_ref)} in the store at {data_dir} (known scopes: {listed})")
+    return scopes
+
+
+def _emit(json_out: bool, data: Any, table: Callable[[], Table | str]) -> None:
+    if json_out:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return
+    shown = table()
+    if isinstance(shown, str):
+        print(shown)
+    else:
+        # A pipe gets wide lines (ids and digests unbroken); a terminal gets its own width.
+        Console(width=None if sys.stdout.isatty() else 200).print(shown)
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    return table
+
+
+def _short(value: str | None, keep: int = 18) -> str:
+    """An id or digest cut for a table (``--json`` prints them whole)."""
+    if value is None:
+        return ""
+    return value if len(value) <= keep + 1 else value[:keep] + "…"
+
+
+def _busy(message: str) -> Any:
+    """A spinner on stderr while a long step runs (stdout carries the report)."""
+    return Console(stderr=True).status(message)
+
+
+def _now() -> int:
+    from engram_memory.store.timeutil import default_clock
+
+    return default_clock()()
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+@admin_app.command("verify")
+def verify_cmd(data_dir: DataDir = None, scope: Scope = None, json_out: JsonOut = False) -> None:
+    """Verify the journal chains, heads and digests; exit 1 with JOURNAL_CORRUPT on tampering."""
+    scope_ref = _scope_ref(scope)
+    target = _target(data_dir)
+    scopes = _closed_store(target, scope_ref)
+    from engram_memory.store.verify import verify_store
+
+    try:
+        with _busy("verifying the store"):
+            report = verify_store(target, deep=True)
+    except Exception as exc:  # noqa: BLE001 - a store too damaged to walk is a failed verification
+        raise _refuse("JOURNAL_CORRUPT", f"the store at {target} cannot be read ({type(exc).__name__})") from None
+    problems = [p for p in report.problems if scope_ref is None or p.startswith(scope_ref)]
+    data = {**report.as_dict(), "data_dir": str(target), "scopes_checked": [_pair(s) for s in scopes
+                                                                            if scope_ref in (None, s)]}
+    if scope_ref is not None:
+        data["problems"] = problems
+    _emit(json_out, data, lambda: _table(
+        f"verify {target}", ["result", "detail"],
+        [["ok", "journal chains, heads and digests verify"]] if not problems
+        else [[report.code or "problem", p] for p in problems]))
+    if problems:
+        raise _refuse(report.code or "JOURNAL_CORRUPT", f"the store at {target} does not verify"
+                      f" ({len(problems)} problem(s))")
+
+
+# -- backup / restore --------------------------------------------------------------------------
+
+
+@admin_app.command("backup")
+def backup_cmd(
+    out: Annotated[Path, typer.Option("--out", help="The backup file to write (a tar).")],
+    data_dir: DataDir = None,
+    key_out: Annotated[Path | None, typer.Option("--key-out", help="Where to write the backup key"
+                                                 " (default: OUT.key). Keep it apart from the backup.")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Back up the store to one file, also while a server runs; its key goes to a separate file."""
+    from engram_memory.store import backup as bk
+
+    target = _target(data_dir)
+    key_path = key_out or out.with_name(out.name + ".key")
+    for path, flag in ((out, "--out"), (key_path, "--key-out")):
+        if path.exists():
+            raise _fail(f"{flag} {path} already exists; choose a new file")
+        if not path.parent.is_dir():
+            raise _fail(f"{flag} {path}: no such directory {path.parent}")
+    if out.resolve() == key_path.resolve():
+        raise _fail("--out and --key-out must be different files")
+    online = bk.held_by_another(target) if target.is_dir() else False
+    if not online:
+        _closed_store(target)
+    key = bk.new_backup_key()
+    tmp = out.with_name(f".{out.name}.partial")
+    with _outcomes():
+        try:
+            with _busy("backing up" + (" (through the running server)" if online else "")):
+                if online:
+                    from engram_memory.server.admin_socket import OwnerUnreachable, request_backup
+
+                    try:
+                        request_backup(target, key, tmp)
+                    except OwnerUnreachable as exc:
+                        raise _refuse("STORE_BUSY", f"data dir {target} is held by a process that does not"
+                                      f" answer a backup request: {exc}") from None
+                else:
+                    bk.backup_offline(target, tmp, key)
+            manifest = bk.read_manifest(tmp)
+            bk.write_key_file(key_path, key)
+            tmp.rename(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    report = bk.BackupReport(out, key_path, manifest, out.stat().st_size)
+    data = {**report.as_dict(), "online": online}
+    _emit(json_out, data, lambda: _table(
+        f"backup of {target}" + (" (online)" if online else ""), ["field", "value"],
+        [["backup", out], ["key", key_path], ["store_id", manifest["store_id"]],
+         ["created_at", manifest["created_at"]], ["files", len(manifest["files"])], ["bytes", report.size],
+         *[[f"head {_pair(s)}", f"cursor {h['cursor']} {h['event_hash']}"] for s, h in manifest["heads"].items()]]))
+
+
+@admin_app.command("restore")
+def restore_cmd(
+    from_: Annotated[Path, typer.Option("--from", help="The backup file.")],
+    data_dir: DataDir = None,
+    key: Annotated[Path | None, typer.Option("--key", help="The backup key file (default: FROM.key).")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Restore a backup into an empty directory, or over an older copy of the same store."""
+    from engram_memory.store import backup as bk
+
+    target = _target(data_dir)
+    key_path = key or from_.with_name(from_.name + ".key")
+    if not from_.is_file():
+        raise _fail(f"--from {from_}: no such file")
+    if not key_path.is_file():
+        raise _fail(f"--key {key_path}: no such file (a backup's key is written beside it as FILE.key)")
+    if not target.absolute().parent.is_dir():
+        raise _fail(f"--data-dir {target}: no such directory {target.absolute().parent}")
+    with _outcomes():
+        backup_key = bk.read_key_file(key_path)
+        if target.is_dir() and bk.held_by_another(target):
+            raise _refuse("RESTORE_REFUSED", f"data dir {target} is in use by a running server; stop it first")
+        with _busy("restoring"):
+            report = bk.restore(from_, backup_key, target)
+    m = report.manifest
+    _emit(json_out, report.as_dict(), lambda: _table(
+        f"restored {from_} into {target}", ["field", "value"],
+        [["store_id", m["store_id"]], ["backup created_at", m["created_at"]], ["files", len(m["files"])],
+         ["replaced an older copy", "yes" if report.replaced else "no"],
+         *[[f"head {_pair(s)}", f"cursor {h['cursor']}"] for s, h in m["heads"].items()]]))
+
+
+# -- lifecycle maintenance -----------------------------------------------------------------------
+
+
+@admin_app.command("expire")
+def expire_cmd(data_dir: DataDir = None, scope: Scope = None, json_out: JsonOut = False) -> None:
+    """Expire every record past its retention.expires_at now (journalled), in one scope or all."""
+    scope_ref = _scope_ref(scope)
+    target = _target(data_dir)
+    _closed_store(target, scope_ref)
+    from engram_memory.store.expire import expire
+
+    with _busy("expiring due records"):
+        done = expire(target, scope_ref, _now())
+    data = {"expired": {_pair(s): ids for s, ids in done.items()}, "total": sum(len(v) for v in done.values())}
+    _emit(json_out, data, lambda: _table(
+        f"expired {data['total']} record(s)", ["scope", "expired", "record ids"],
+        [[_pair(s), len(ids), " ".join(ids)] for s, ids in done.items()]))
+
+
+@admin_app.command("adjudicate")
+def adjudicate_cmd(
+    candidate: Annotated[str, typer.Option("--candidate", help="The candidate id held for adjudication.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (journalled; screened for secrets).")],
+    accept: Annotated[bool | None, typer.Option("--accept/--reject", help="The decision.",
+                                                show_default=False)] = None,
+    data_dir: DataDir = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Accept or reject a candidate whose admission answered pending_adjudication."""
+    if accept is None:
+        raise _fail("say --accept or --reject")
+    target = _target(data_dir)
+    from engram_memory.store.adjudicate import adjudicate, check_reason
+
+    with _outcomes():
+        check_reason(reason)  # before the store is touched
+        _closed_store(target)
+        result = adjudicate(target, candidate, accept, reason, _now())
+    _emit(json_out, {**result, "scope": _pair(result["scope_ref"])}, lambda: _table(
+        f"candidate {candidate}: {result['status']}", ["field", "value"],
+        [[k, v] for k, v in result.items() if k != "scope_ref"] + [["scope", _pair(result["scope_ref"])]]))
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@admin_app.command("history")
+def history_cmd(
+    scope: Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")],
+    data_dir: DataDir = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the last N events.")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """A scope's journal: cursors, operations, ids, hashes and times (never content)."""
+    scope_ref = _scope_ref(scope)
+    assert scope_ref is not None
+    target = _target(data_dir)
+    _closed_store(target, scope_ref)
+    from engram_memory.store.history import journal
+
+    events = journal(target, scope_ref, limit)
+    _emit(json_out, {"scope": scope, "events": events}, lambda: _table(
+        f"journal of {scope} ({len(events)} event(s))",
+        ["cursor", "operation", "event_id", "recorded_at", "to_state", "reason", "event_hash"],
+        [[e["cursor"], e["operation"], _short(e["event_id"], 28), e["recorded_at"], e["to_state"], e["reason"],
+          _short(e["event_hash"])] for e in events]))
+
+
+@admin_app.command("candidates")
+def candidates_cmd(
+    scope: Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")],
+    data_dir: DataDir = None,
+    json_out: JsonOut = False,
+) -> None:
+    """A scope's pending candidates: ids, principals, cursors, times, digests (never content)."""
+    scope_ref = _scope_ref(scope)
+    assert scope_ref is not None
+    target = _target(data_dir)
+    _closed_store(target, scope_ref)
+    from engram_memory.store.history import pending_candidates
+
+    rows = pending_candidates(target, scope_ref)
+    _emit(json_out, {"scope": scope, "candidates": rows}, lambda: _table(
+        f"pending candidates of {scope} ({len(rows)})",
+        ["candidate_id", "principal", "state", "created_cursor", "recorded_at", "held", "payload_digest"],
+        [[r["candidate_id"], r["principal"], r["state"], r["created_cursor"], r["recorded_at"],
+          "adjudication" if r["held_for_adjudication"] else "", _short(r["payload_digest"])] for r in rows]))
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+@admin_app.command("rotate-master-key")
+def rotate_cmd(data_dir: DataDir = None, json_out: JsonOut = False) -> None:
+    """Re-wrap every data key under a new master key; the old master key is destroyed."""
+    target = _target(data_dir)
+    _closed_store(target)
+    from engram_memory.store.rotation import rotate_master_key
+
+    with _outcomes(), _busy("re-wrapping data keys"):
+        count = rotate_master_key(target)
+    _emit(json_out, {"data_dir": str(target), "rewrapped": count, "old_master_key": "destroyed"},
+          lambda: f"rotated the master key of {target}: {count} data key(s) re-wrapped; the old master key"
+                  " is destroyed")

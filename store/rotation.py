@@ -1,0 +1,27 @@
+"""``admin rotate-master-key``: every data key re-wrapped under a new master key (KeyStore.rotate).
+
+Run with the store closed to servers: the data dir's advisory lock is held throughout, so no
+key is created or destroyed meanwhile."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from engram_memory.store.crypto import KeyStore
+from engram_memory.store.refusals import STORE_BUSY, AdminRefusal
+
+
+def rotate_master_key(data_dir: Path) -> int:
+    """Returns the number of data keys re-wrapped."""
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AdminRefusal(STORE_BUSY, f"data dir {data_dir} is in use by a running server; stop it first") \
+                from None
+        return KeyStore(data_dir).rotate(data_dir)
+    finally:
+        os.close(fd)
