@@ -132,7 +132,7 @@ def test_readme_commands_name_real_flags(offline_env: dict[str, str]) -> None:
             for i, word in enumerate(words):
                 if word != "engram-memory" or i + 1 >= len(words):
                     continue
-                command = words[i + 1:i + 3] if words[i + 1] == "host" else words[i + 1:i + 2]
+                command = words[i + 1:i + 3] if words[i + 1] in ("host", "admin") else words[i + 1:i + 2]
                 name = " ".join(command)
                 if name not in helps:
                     done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", *command, "--help"],
