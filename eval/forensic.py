@@ -52,7 +52,7 @@ class Scan:
     """Where each needle was found (``{needle: [places]}``) and what the scan read."""
 
     files: int = 0
-    bytes: int = 0
+    size: int = 0  # bytes read (scan_files)
     values: int = 0  # DuckDB values read (scan_duckdb)
     opened: int = 0  # sealed blobs opened with a surviving key (scan_duckdb)
     seconds: float = 0.0
@@ -76,7 +76,7 @@ def scan_files(root: Path, needles: Mapping[str, bytes]) -> Scan:
         except FileNotFoundError:
             continue
         scan.files += 1
-        scan.bytes += len(data)
+        scan.size += len(data)
         scan.check(str(path.relative_to(root)), data, needles)
     scan.seconds = time.perf_counter() - start
     return scan

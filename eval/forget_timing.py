@@ -103,6 +103,9 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         progress: bool) -> dict[str, Any]:
     from engram_memory.models.settings import EngineSettings
     from engram_memory.models.tools import parse_input
+
+    def typed(tool: str, args: dict[str, Any]) -> Any:  # the validated input model the engine takes
+        return parse_input(tool, args)
     from engram_memory.retrieval.lexical import LexicalIndex
     from engram_memory.retrieval.vectors import VectorIndex
     from engram_memory.store.engine import Engine, embedding_text
@@ -119,9 +122,9 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         task = bar.add_task("admitting", total=records)
         with engine.batch():
             for i, text in enumerate(texts):
-                cap = engine.capture(ctx(), parse_input("capture", capture_args(text, key=f"capture-key-{i:08d}")))
+                cap = engine.capture(ctx(), typed("capture", capture_args(text, key=f"capture-key-{i:08d}")))
                 admit = {"candidate_id": cap.candidate_id, "idempotency_key": f"admit-key-{i:08d}"}
-                out = engine.request_admission(ctx(), parse_input("request_admission", admit))
+                out = engine.request_admission(ctx(), typed("request_admission", admit))
                 ids.append(str(out.outcome.record_id))
                 bar.advance(task)
         if semantic:
@@ -141,7 +144,8 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         needles.update(content_needles(f"r{i}", texts[i], [f"zq{i:05d}xv", f"vl{i:05d}mr"], vec))
     engine.projections.vectors(scope).save()
     stages: dict[str, list[float]] = defaultdict(list)
-    calls, answers = [], defaultdict(int)
+    calls: list[float] = []
+    answers: dict[str, int] = defaultdict(int)
     targets = [(Lifecycle, "forget"), (LexicalIndex, "delete"), (VectorIndex, "delete"), (VectorIndex, "save")]
     with timed_methods(targets, stages), Progress(console=Console(stderr=True), disable=not progress,
                                                   transient=True) as bar:
@@ -149,7 +153,7 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         for n, i in enumerate(doomed):
             start = time.perf_counter()
             args = {"record_id": ids[i], "idempotency_key": f"forget-key-{n:08d}", "reason_ref": "reason:timing"}
-            value = engine.forget(ctx(), parse_input("forget", args))
+            value = engine.forget(ctx(), typed("forget", args))
             calls.append(time.perf_counter() - start)
             answers[value.projection_invalidation] += 1
             bar.advance(task)
@@ -166,7 +170,7 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         "forget_ms": pcts(calls),
         "stages_ms": {k: pcts(v) for k, v in sorted(stages.items())},
         "close_s": close_s,
-        "scan": {"files": files.files, "bytes": files.bytes, "files_seconds": files.seconds,
+        "scan": {"files": files.files, "bytes": files.size, "files_seconds": files.seconds,
                  "duckdb_values": store.values, "duckdb_seconds": store.seconds,
                  "needles": len(needles), "found": {**files.hits, **store.hits},
                  "orphan_keys": len(orphan_keys(data_dir))},

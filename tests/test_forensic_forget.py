@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
+import typer
 
 from engram_memory.eval.forensic import (
     content_needles,
@@ -65,9 +66,9 @@ def open_engine(path: Path, **kw: Any) -> Engine:
     return engine
 
 
-def admit(engine: Engine, texts: list[str], start: int = 0) -> list[str]:
+def admit(engine: Engine, texts: list[str]) -> list[str]:
     ids = []
-    for i, text in enumerate(texts, start):
+    for i, text in enumerate(texts):
         cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
         out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
         assert out["outcome"]["status"] == "accepted", out
@@ -381,3 +382,23 @@ async def test_server_forget_withdraw_and_rejection_leave_no_trace(start_server,
     assert traces(data, needles) == {}
     assert readable_leftovers(data, sealed) == {} and orphan_keys(data) == []
     assert not key_file(data, key_ref).exists()
+
+
+def test_forget_timing_command_reports_clean_scans(tmp_path: Path) -> None:
+    """The timing command (eval/forget_timing.py), small and lexical-only: its forgets complete
+    and its own scans find nothing; a bad option is one line and exit 2."""
+    from typer.testing import CliRunner
+
+    from engram_memory.eval import forget_timing
+
+    app = typer.Typer()
+    app.command()(forget_timing.main)
+    result = CliRunner().invoke(app, ["--records", "30", "--forgets", "3", "--no-semantic", "--no-progress",
+                                      "--json", "--data-dir", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["answers"] == {"complete": 3} and report["forget_ms"]["n"] == 3
+    assert report["scan"]["found"] == {} and report["scan"]["needles"] == 3 * 5 and report["scan"]["files"] > 0
+    refused = CliRunner().invoke(app, ["--records", "3", "--forgets", "5"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip() == "engram-memory: error: --forgets must not exceed --records"
