@@ -46,6 +46,7 @@ SIDECAR_FORMAT = 1
 MAX_LIMIT = 2000
 TANTIVY_VERSION = version("tantivy")
 BM25 = {"k1": 1.2, "b": 0.75}  # fixed inside tantivy (src/query/bm25.rs)
+GC_ATTEMPTS = 8
 _SEGMENT_FILE = re.compile(r"[0-9a-f]{32}\.[a-z]+")  # tantivy segment files: <uuid hex>.<component>
 
 
@@ -194,6 +195,9 @@ class LexicalIndex:
         self._writer: tantivy.IndexWriter | None = self._new_writer()
         self._cursor = self._read_cursor()
         self._index.reload()
+        # No merge runs before the first commit: a segment file meta.json does not name is a
+        # leftover (a crash mid-merge, a purge that could not finish) and may hold removed text.
+        self._remove_stale_segments()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -446,15 +450,29 @@ class LexicalIndex:
 
     def _collect_garbage(self) -> None:
         # Observed: the first GC after draining can keep the output of a merge that was discarded
-        # by the rewrite (about 1 run in 3); a second pass removes it. Retry until only the
-        # segments named in meta.json remain, and fail loudly rather than claim a purge.
+        # by the rewrite (about 1 run in 3); a second pass removes it. Retry a few times, then
+        # unlink what is left ourselves (the merge threads are drained: no segment file outside
+        # meta.json is in use, and tantivy only collects the files it created), and fail loudly
+        # rather than claim a purge when a file still cannot be removed.
         assert self._writer is not None
-        for attempt in range(40):
+        for attempt in range(GC_ATTEMPTS):
             self._writer.garbage_collect_files()
             if not self._stale_segment_files():
                 return
             time.sleep(0.005 * attempt)
-        raise LexicalIndexError("old segment files survived garbage collection")
+        if self._remove_stale_segments():
+            raise LexicalIndexError("old segment files survived garbage collection")
+
+    def _remove_stale_segments(self) -> list[str]:
+        """Unlink segment files meta.json does not name; returns those that could not be removed."""
+        left = []
+        for name in self._stale_segment_files():
+            try:
+                (self._path / name).unlink(missing_ok=True)
+            except OSError:
+                log.warning("stale segment file %s in %s cannot be removed", name, self._path)
+                left.append(name)
+        return left
 
     def _stale_segment_files(self) -> list[str]:
         meta = read_json(self._path / "meta.json")

@@ -48,6 +48,10 @@ class Projections:
         self._lexical: dict[str, LexicalIndex] = {}
         self._vectors: dict[str, VectorIndex] = {}
         self._lock = threading.RLock()
+        # A scope directory set aside by a replace_scope that did not finish holds projections of
+        # records forgotten since: derived data nobody reads, so it goes.
+        for old in self.root.glob("*.old"):
+            _remove_tree(old)
 
     def scope_dir(self, scope_ref: str) -> Path:
         return self.root / scope_dirname(scope_ref)
@@ -115,7 +119,9 @@ class Projections:
         with self._lock:
             for cache in (self._lexical, self._vectors):
                 _close(cache.pop(scope_ref, None))
-            shutil.rmtree(self.scope_dir(scope_ref), ignore_errors=True)
+            # Not ignore_errors: a file left behind may hold a forgotten record, and the caller
+            # reports a purge complete only when this rebuild succeeded.
+            _remove_tree(self.scope_dir(scope_ref))
         lexical = self.lexical(scope_ref)
         lexical.upsert(list(docs))
         lexical.set_cursor(str(cursor))
@@ -144,11 +150,17 @@ class Projections:
                 _close(cache.pop(scope_ref, None))
             live = self.scope_dir(scope_ref)
             old = live.with_name(live.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_tree(old)
             if live.exists():
                 live.rename(old)
             shutil.move(str(built_dir), str(live))
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_tree(old)
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a directory tree; a missing one is fine, any other failure raises."""
+    if path.exists():
+        shutil.rmtree(path)
 
 
 def _close(index: object) -> None:

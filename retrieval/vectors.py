@@ -409,6 +409,10 @@ class VectorIndex:
     # -- loading -----------------------------------------------------------------------------
 
     def _load(self) -> None:
+        # A save cut short by a crash leaves its temp file (atomic_write's ".<name>.tmp"): it may
+        # hold vectors deleted since, and no later save rewrites the graph's once in exact mode.
+        for name in (VECTORS, IDS, GRAPH, STATE):
+            (self._path / f".{name}.tmp").unlink(missing_ok=True)
         state_file = self._path / STATE
         if not state_file.exists():
             if any((self._path / name).exists() for name in (VECTORS, IDS, GRAPH)):

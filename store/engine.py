@@ -95,7 +95,8 @@ class Engine:
         self._rw = RWLock()
         self._views = ScopeViews()
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
-        self._stale: set[str] = set()
+        self._stale: set[str] = set()  # scopes whose projections must be rebuilt before use
+        self._pending: set[str] = set()  # scopes with a withdraw/forget answer still "pending"
         self._closed = False
         self._semantic_done = threading.Event()  # ready: model loaded and backfill complete
         self._semantic_settled = threading.Event()  # ready, or given up (model missing/broken)
@@ -151,10 +152,19 @@ class Engine:
             swept = self.keys.sweep_orphans(referenced)
             if swept:
                 log.info("destroyed %d orphan data keys", swept)
+            # An orphan the sweep could not destroy is retried before any pending answer completes.
+            self.lifecycle.pending_keys.update(
+                ref for ref in ("local:key-" + p.name for p in self.keys.dir.iterdir()) if ref not in referenced)
             # Projections that lag the journal are rebuilt lazily, on the scope's next use, so a
             # server answers initialize at once even after a crash.
             for scope_ref, projection_cursor in self.db.all("SELECT scope_ref, projection_cursor FROM scopes"):
                 if self.projections.lexical(scope_ref).cursor != str(projection_cursor):
+                    self._stale.add(scope_ref)
+            # A forget that answered "pending" (a purge that failed, or a crash before it ran)
+            # may have left the record in any projection file: rebuild, then complete it.
+            for scope_ref, tools in self.lifecycle.pending_scopes().items():
+                self._pending.add(scope_ref)
+                if "forget" in tools:
                     self._stale.add(scope_ref)
         if self.embedder is not None:
             threading.Thread(target=self._semantic_loader, name="engram-semantic", daemon=True).start()
@@ -395,8 +405,8 @@ class Engine:
 
     def _prepare_read(self, scope_ref: str, now: int) -> None:
         """Before a read: rebuild a stale scope, load its view, run a due expiry sweep (writes)."""
-        if scope_ref not in self._stale and self._views.get(scope_ref) is not None \
-                and not self._views.expiry_due(scope_ref, now):
+        if scope_ref not in self._stale and scope_ref not in self._pending \
+                and self._views.get(scope_ref) is not None and not self._views.expiry_due(scope_ref, now):
             return
         with self._rw.write():
             self._fresh(scope_ref)
@@ -412,10 +422,17 @@ class Engine:
             self.projections.remove(scope_ref, expired, cursor)
 
     def _fresh(self, scope_ref: str) -> None:
-        """Rebuild a scope whose projections lag the journal (crash, failed purge) before use."""
+        """Rebuild a scope whose projections lag the journal (crash, failed purge) before use,
+        then finish its pending withdraw/forget answers."""
         if scope_ref in self._stale:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
+        if scope_ref in self._pending and self.lifecycle.retry_keys():
+            # No key left to destroy and the projections hold only current records (rebuilt, or
+            # purged by the forget itself): every pending answer of the scope is now true.
+            done = self.lifecycle.complete_pending(scope_ref, _coverage(self.db.projection_cursor(scope_ref)))
+            self._pending.discard(scope_ref)
+            log.info("completed %d pending withdraw/forget answer(s)", done)
 
     @contextmanager
     def _writing(self, scope_ref: str) -> Iterator[None]:
@@ -476,7 +493,11 @@ class Engine:
 
     def withdraw(self, ctx: HostContext, args: WithdrawInput) -> WithdrawValue:
         with self._writing(ctx.scope_ref):
-            return WithdrawValue.model_validate(self.lifecycle.withdraw(ctx, to_plain(args), self.clock()))
+            self._fresh(ctx.scope_ref)  # a replay of a pending answer retries its key first
+            value = self.lifecycle.withdraw(ctx, to_plain(args), self.clock())
+            if value["key_destruction"] == "pending":
+                self._pending.add(ctx.scope_ref)
+            return WithdrawValue.model_validate(value)
 
     def forget(self, ctx: HostContext, args: ForgetInput) -> ForgetValue:
         with self._writing(ctx.scope_ref):
@@ -487,24 +508,21 @@ class Engine:
                 return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
             self._views.removed(ctx.scope_ref, [rid], cursor)
+            # "pending" stays the answer (and the ledger's) until the record's key is gone and
+            # every projection file is rewritten without it; then the scope's next use (or, after
+            # a crash, the next start: recover) rebuilds it if needed and completes the answer.
             try:
                 self.projections.remove(ctx.scope_ref, [rid], cursor)
             except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
                 log.exception("projection purge failed; invalidation stays pending")
                 self._stale.add(ctx.scope_ref)
+                self._pending.add(ctx.scope_ref)
                 return ForgetValue.model_validate(value)
-            coverage = receipt_digest(
-                "projection-invalidation",
-                {
-                    "through_cursor": str(cursor),
-                    "projection_receipts": [
-                        {"projection_id": "lexical:tantivy", "through_cursor": str(cursor)},
-                        {"projection_id": "semantic:vectors", "through_cursor": str(cursor)},
-                    ],
-                    "complete": True,
-                },
-            )
-            done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, coverage)
+            if not self.lifecycle.retry_keys():
+                log.error("a data key could not be destroyed; invalidation stays pending")
+                self._pending.add(ctx.scope_ref)
+                return ForgetValue.model_validate(value)
+            done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
             return ForgetValue.model_validate(done)
 
     def get(self, ctx: HostContext, args: GetInput) -> GetValue:
@@ -539,6 +557,21 @@ class Engine:
             [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
              ctx.session, event.tool, event.ok, event.code, idk, event.context_jti]
         )
+
+
+def _coverage(cursor: int) -> str:
+    """The projection-invalidation receipt: both projections purged through ``cursor``."""
+    return receipt_digest(
+        "projection-invalidation",
+        {
+            "through_cursor": str(cursor),
+            "projection_receipts": [
+                {"projection_id": "lexical:tantivy", "through_cursor": str(cursor)},
+                {"projection_id": "semantic:vectors", "through_cursor": str(cursor)},
+            ],
+            "complete": True,
+        },
+    )
 
 
 def _opt_int(value: Any) -> int | None:

@@ -80,6 +80,9 @@ class Lifecycle:
         self.keys = keys
         self.host_policy = policy
         self.admission_policy = DefaultAdmissionPolicy()
+        # Data keys whose destruction failed after their commit (the row no longer names them):
+        # retried by retry_keys; after a restart the orphan sweep at open finds them.
+        self.pending_keys: set[str] = set()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -313,7 +316,7 @@ class Lifecycle:
             )
             value = {"outcome": outcome_value, "replayed": False}
             ledger.store(con, ctx, key, "request_admission", intent, value, issued_at)
-        self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open
+        self._destroy(key_ref)  # a failure is retried (retry_keys), or swept at the next open
         return value, admitted
 
     # -- operator adjudication (host-only: engram-memory admin adjudicate) --------------
@@ -442,7 +445,7 @@ class Lifecycle:
             # replay always returns the answer the first call gave.
             value = {"receipt": receipt, "replayed": False, "key_destruction": "pending"}
             ledger.store(con, ctx, key, "withdraw", intent, value, at)
-        if key_ref is None or self.keys.destroy(key_ref):
+        if key_ref is None or self._destroy(key_ref):
             value = {**value, "key_destruction": "complete"}
             ledger.update(self.db.con, ctx, key, value)
         return value
@@ -507,15 +510,66 @@ class Lifecycle:
             value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
             ledger.store(con, ctx, key, "forget", intent, value, at)
         if key_ref is not None:
-            self.keys.destroy(key_ref)  # crypto-shreds the body; an orphan is swept at the next open
+            self._destroy(key_ref)  # crypto-shreds the body; the engine completes only once it is gone
         return value, rid
 
     def complete_forget(self, ctx: HostContext, idempotency_key: str, value: dict[str, Any],
                         coverage_digest: str) -> dict[str, Any]:
-        """Called once every projection has physically dropped the record."""
+        """Called once every projection has physically dropped the record and its key is gone."""
         value = {**value, "projection_invalidation": "complete", "coverage_receipt_digest": coverage_digest}
         ledger.update(self.db.con, ctx, idempotency_key, value)
         return value
+
+    # -- post-commit steps that did not finish ---------------------------------------------
+
+    def _destroy(self, key_ref: str) -> bool:
+        if self.keys.destroy(key_ref):
+            return True
+        self.pending_keys.add(key_ref)
+        return False
+
+    def retry_keys(self) -> bool:
+        """Destroy the keys whose destruction failed before; True once none is left."""
+        for key_ref in sorted(self.pending_keys):
+            if self.keys.destroy(key_ref):
+                self.pending_keys.discard(key_ref)
+        return not self.pending_keys
+
+    def pending_scopes(self) -> dict[str, set[str]]:
+        """``{scope_ref: {tool}}`` of the withdraw and forget answers still saying "pending"."""
+        out: dict[str, set[str]] = {}
+        for scope_ref, tool, _p, _k, _v in self._pending_answers():
+            out.setdefault(scope_ref, set()).add(tool)
+        return out
+
+    def complete_pending(self, scope_ref: str, coverage_digest: str) -> int:
+        """Upgrade a scope's pending withdraw/forget answers, so a replay returns the final one.
+
+        Only once the caller made it true: no data key left to destroy (retry_keys) and, for a
+        forget, the scope's projections rebuilt from the current records (the coverage)."""
+        answers = self._pending_answers(scope_ref)
+        with self.db.transaction() as con:
+            for _s, tool, principal, key_digest, value in answers:
+                if tool == "withdraw":
+                    value = {**value, "key_destruction": "complete"}
+                else:
+                    value = {**value, "projection_invalidation": "complete", "coverage_receipt_digest": coverage_digest}
+                con.execute(
+                    "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
+                    [canonical_text(value), scope_ref, principal, key_digest],
+                )
+        return len(answers)
+
+    def _pending_answers(self, scope_ref: str | None = None) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+        # The stored values are JCS text, so a pending answer holds exactly this substring.
+        sql = ("SELECT scope_ref, tool, principal, key_digest, value FROM idempotency"
+               " WHERE ((tool = 'withdraw' AND value LIKE '%\"key_destruction\":\"pending\"%')"
+               " OR (tool = 'forget' AND value LIKE '%\"projection_invalidation\":\"pending\"%'))")
+        params: list[Any] = []
+        if scope_ref is not None:
+            sql += " AND scope_ref = ?"
+            params.append(scope_ref)
+        return [(s, t, p, k, json.loads(v)) for s, t, p, k, v in self.db.all(sql + " ORDER BY 1, 3, 4", params)]
 
     # -- expiry maintenance --------------------------------------------------------------
 
