@@ -433,6 +433,9 @@ class TrialResult:
     by_tool: dict[str, int]
     failures: list[str]
     indefinite_codes: dict[str, int] = field(default_factory=dict)  # what "no definitive answer" looked like
+    # withdraw/forget whose final answer still says key destruction / projection invalidation "pending"
+    # (committed, then killed before the ledger's upgrade: replays repeat "pending" though recovery finished it)
+    pending_after_recovery: int = 0
     stop_exit: int | None = None  # the recovered server's exit status after SIGTERM (0: it closed its engine)
     verify: dict[str, Any] | None = None
 
@@ -539,6 +542,7 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
         unknown_not_applied=unknown_fresh,
         indefinite_codes=dict(Counter(a.code or "" for op in ops for a in op.attempts if a.outcome == "indefinite")),
         by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
+        pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
         verify={"ok": report.ok, "code": report.code, "events": sum(s.events for s in report.scopes),
                 "projections": [s.projection for s in report.scopes]},
     )
@@ -546,6 +550,11 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
         shutil.rmtree(data_dir, ignore_errors=True)
         log.unlink(missing_ok=True)
     return result, ops, before_kill
+
+
+def _still_pending(op: Op) -> bool:
+    value = op.final().value or {}  # type: ignore[union-attr]
+    return "pending" in (value.get("key_destruction"), value.get("projection_invalidation"))
 
 
 def _retries(op: Op) -> int:
@@ -575,6 +584,7 @@ def totals(results: list[TrialResult], seconds: float) -> dict[str, Any]:
         "retries": sum(r.retries for r in results),
         "replays": sum(r.replays for r in results),
         "clean_stops": sum(r.stop_exit == 0 for r in results),
+        "pending_after_recovery": sum(r.pending_after_recovery for r in results),
         "indefinite_codes": dict(sum((Counter(r.indefinite_codes) for r in results), Counter()).most_common()),
         "seconds": seconds,
     }
@@ -586,6 +596,7 @@ SUMMARY_ROWS = (("trials", "trials"), ("survived", "trials survived"), ("operati
                 ("unknown_applied_by_retry", "unanswered, applied by the retry"),
                 ("retries", "retries after restart"), ("replays", "replays (same key, after an answer)"),
                 ("clean_stops", "SIGTERM stops that closed the engine (exit 0)"),
+                ("pending_after_recovery", "withdraw/forget answers still 'pending' after recovery"),
                 ("seconds", "seconds"))
 
 

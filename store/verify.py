@@ -338,7 +338,8 @@ class _Verifier:
             shutil.copytree(live_dir, copy_root / live_dir.name)
             live = Projections(copy_root)
             try:
-                if live.lexical(scope_ref).cursor != str(cursor):
+                # No cursor yet (a scope of captures only) reflects cursor 0: nothing was projected.
+                if (live.lexical(scope_ref).cursor or "0") != str(cursor):
                     return "stale"  # the next open rebuilds it before the scope's first use
                 vectors = self._stored_vectors(scope_ref, problems)
                 built = build_aside(Path(tmp) / "built", live, scope_ref, records, vectors, cursor)
