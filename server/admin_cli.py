@@ -3,7 +3,7 @@
 verify, backup, restore, expire, adjudicate, history, candidates and rotate-master-key. Each
 prints a table (stdout) or, with ``--json``, one JSON document. A mistake of the operator is
 one ``engram-memory: error:`` line and exit 2; a refusal is one line naming its code
-(store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY,
+(store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY, STORE_INCONSISTENT,
 NOT_ADJUDICABLE) and exit 1. Only ``backup`` runs alongside a server (the owner makes the copy
 over its socket); every other command refuses while another process holds the data dir.
 """
@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engram_memory.models.context import HOST_ID_PATTERN
+from engram_memory.store.refusals import STORE_INCONSISTENT
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -150,7 +151,9 @@ def _now() -> int:
 
 @admin_app.command("verify")
 def verify_cmd(data_dir: DataDir = None, scope: Scope = None, json_out: JsonOut = False) -> None:
-    """Verify the journal chains, heads and digests; exit 1 with JOURNAL_CORRUPT on tampering."""
+    """Verify journal chains and heads, rows against the journal, sealed digests, orphans and projections.
+
+    Exit 1 with JOURNAL_CORRUPT when a chain or head fails, STORE_INCONSISTENT for anything else."""
     scope_ref = _scope_ref(scope)
     target = _target(data_dir)
     scopes = _closed_store(target, scope_ref)
@@ -168,10 +171,10 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, json_out: JsonOut 
         data["problems"] = problems
     _emit(json_out, data, lambda: _table(
         f"verify {target}", ["result", "detail"],
-        [["ok", "journal chains, heads and digests verify"]] if not problems
-        else [[report.code or "problem", p] for p in problems]))
+        [["ok", "journal chains and heads, rows, digests, keys and projections verify"]] if not problems
+        else [[report.code or STORE_INCONSISTENT, p] for p in problems]))
     if problems:
-        raise _refuse(report.code or "JOURNAL_CORRUPT", f"the store at {target} does not verify"
+        raise _refuse(report.code or STORE_INCONSISTENT, f"the store at {target} does not verify"
                       f" ({len(problems)} problem(s))")
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -190,7 +192,7 @@ async def _serve_http(cfg: ServeConfig) -> None:
         )
         # log_config None: keep the process's stderr logging; no access log on stdout.
         # uvicorn handles SIGINT/SIGTERM (a graceful stop); SIGHUP re-reads the host keys.
-        server = uvicorn.Server(uvicorn.Config(app, host=bind_host, port=port, log_config=None, access_log=False))
+        server = _closing_server(uvicorn.Config(app, host=bind_host, port=port, log_config=None, access_log=False))
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_on_hangup, ring)
             await tg.start(owner_socket, cfg, engine)  # local stdio hosts share this memory too
@@ -198,6 +200,25 @@ async def _serve_http(cfg: ServeConfig) -> None:
             tg.cancel_scope.cancel()
     finally:
         engine.close()
+
+
+def _closing_server(config: Any) -> Any:
+    """A uvicorn server that, after its graceful stop on SIGTERM/SIGINT, does not re-raise the
+    signal: re-raised, it ended the process before ``_serve_http`` closed the engine (no DuckDB
+    checkpoint, queued audit rows and unsaved vectors lost, the socket left behind; found by
+    ``engram-memory crash``). ``_captured_signals`` is uvicorn's own list (pinned version)."""
+    import uvicorn
+
+    class ClosingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    return ClosingServer(config)
 
 
 async def _reload_on_hangup(ring: KeyRing) -> None:

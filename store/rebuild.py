@@ -149,8 +149,19 @@ def _probe_queries(records: list[dict[str, Any]]) -> list[str]:
     return probes
 
 
-def _compare(live: Projections, built: Projections, scope_ref: str, records: list[dict[str, Any]],
-             vectors: tuple[list[str], np.ndarray] | None) -> list[str]:
+def build_aside(aside: Path, like: Projections, scope_ref: str, records: list[dict[str, Any]],
+                vectors: tuple[list[str], np.ndarray] | None, cursor: int) -> Projections:
+    """A fresh rebuild of one scope's projections in ``aside`` (configured like ``like``)."""
+    shutil.rmtree(aside, ignore_errors=True)
+    built = Projections(aside, hnsw_threshold=like.hnsw_threshold, lexical_config=like.lexical_config)
+    built.rebuild(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records], vectors, cursor)
+    return built
+
+
+def compare_projections(live: Projections, built: Projections, scope_ref: str, records: list[dict[str, Any]],
+                        vectors: tuple[list[str], np.ndarray] | None) -> list[str]:
+    """How the live projections of a scope differ from a fresh rebuild (counts, probe rankings);
+    shared by ``rebuild-index --verify`` and the store verifier (store/verify.py)."""
     diffs = []
     live_lex, new_lex = live.lexical(scope_ref), built.lexical(scope_ref)
     if live_lex.count() != new_lex.count():
@@ -193,21 +204,18 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
             for scope in scopes:
                 records = engine.live_records(scope)
                 vectors = engine.stored_vectors(scope)
-                docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
                 cursor = engine.projection_cursor(scope)
                 report = ScopeReport(engine.projections.scope_dir(scope).name, len(records),
                                      len(vectors[0]) if vectors else 0, scope_ref=scope)
                 if verify:
                     aside = data_dir / "projections.rebuild"
-                    shutil.rmtree(aside, ignore_errors=True)
-                    built = Projections(aside, hnsw_threshold=engine.projections.hnsw_threshold,
-                                        lexical_config=engine.projections.lexical_config)
-                    built.rebuild(scope, docs, vectors, cursor)
-                    report.differences = _compare(engine.projections, built, scope, records, vectors)
+                    built = build_aside(aside, engine.projections, scope, records, vectors, cursor)
+                    report.differences = compare_projections(engine.projections, built, scope, records, vectors)
                     built.close()
                     engine.projections.replace_scope(scope, built.scope_dir(scope))
                     shutil.rmtree(aside, ignore_errors=True)
                 else:
+                    docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
                     engine.projections.rebuild(scope, docs, vectors, cursor)
                 reports.append(report)
                 progress.advance(task)

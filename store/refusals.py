@@ -9,6 +9,7 @@ from __future__ import annotations
 BACKUP_INVALID = "BACKUP_INVALID"  # the backup file is damaged, truncated, or its key does not open it
 RESTORE_REFUSED = "RESTORE_REFUSED"  # the target holds another store, is in use, or would resurrect forgets
 JOURNAL_CORRUPT = "JOURNAL_CORRUPT"  # a scope's hash chain, cursors or heads do not verify
+STORE_INCONSISTENT = "STORE_INCONSISTENT"  # the journal verifies, but rows, keys, digests or projections disagree
 STORE_BUSY = "STORE_BUSY"  # another process holds the data dir and the command is not safe alongside it
 NOT_ADJUDICABLE = "NOT_ADJUDICABLE"  # the candidate is not awaiting an operator's decision
 

@@ -1,57 +1,419 @@
-"""STAND-IN for ``verify_store`` (another change provides the full check: digests and projection
-agreement too). Same API; this one re-walks each scope's journal hash chain and cursor density
-and checks the scope heads, read-only, so ``engram-memory admin verify`` can be written and
-tested against it. Replace it wholesale with the full version."""
+"""Verify a stopped store, read-only: journal chains and heads, digests, orphans, projections.
+
+``verify_store`` opens DuckDB read-only and holds the data directory's advisory lock while it
+runs (so no server starts meanwhile; a running server makes it refuse with StoreBusyError,
+an absent or foreign directory with NoStoreError, as ``rebuild-index`` does). It checks:
+
+* each scope's journal: the hash chain and dense cursors (``Database.verify_journal``), that each
+  row's columns agree with its hashed body, and that ``scopes.high_water``/``last_event_hash``
+  are the journal's head; a failure here is ``JOURNAL_CORRUPT`` (``VerifyReport.code``);
+* lifecycle rows against the journal: one capture event per candidate, a candidate's state
+  matching its admission/withdraw event, a record per accepted candidate and none without one,
+  a tombstone event (and a tombstoned payload) per tombstoned record;
+* digests (``deep``): a pending candidate's sealed payload still yields its payload and record
+  digests; a live record's sealed body its record digest, record id and payload digest;
+* orphans: every key file under ``keys/`` referenced by a row, every pending candidate and
+  every record not forgotten holding its key file and sealed body, every embedding row belonging
+  to a record whose key still exists;
+* projections (``deep``): the live Tantivy/vector projections equal a fresh rebuild built aside
+  (store/rebuild.py's comparison), on a copy, so nothing under the data directory changes. A
+  projection whose cursor lags the journal is reported as stale (the next open rebuilds it
+  before use), not as a difference.
+
+Problems are plain sentences naming scopes, ids and counts, never record content.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
+import numpy as np
 
-from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
+from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_digest, record_id_from_digest
+from engram_memory.models.states import CandidateState, Operation, RecordState
+from engram_memory.retrieval.projections import Projections, scope_dirname
+from engram_memory.store.crypto import KeyStore, open_sealed
+from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
+from engram_memory.store.rebuild import LOCK_FILE, STORE_FILE, build_aside, compare_projections, existing_scopes
+
+JOURNAL_CORRUPT = "JOURNAL_CORRUPT"
+MAX_LISTED = 10  # per check and scope: beyond that, a count
+# Fields a record adds to its payload (store/lifecycle.py _build_record).
+RECORD_FIELDS = frozenset({"payload_digest", "recorded_at", "recorded_cursor", "authorization_receipt_digest",
+                           "trust", "record_digest", "record_id"})
+CANDIDATE_EVENT = {CandidateState.ACCEPTED: Operation.ACCEPT.value, CandidateState.REJECTED: Operation.REJECT.value,
+                   CandidateState.WITHDRAWN: Operation.WITHDRAW.value}
 
 
-@dataclass
-class VerifyReport:
-    ok: bool = True
+@dataclass(frozen=True)
+class ScopeResult:
+    scope_ref: str
+    events: int
+    chain_ok: bool  # hash chain, cursors, columns and head
+    candidates: int
+    records: int  # records not forgotten
+    projection: str  # equal | differs | stale | not checked
     problems: list[str] = field(default_factory=list)
-    code: str | None = None  # "JOURNAL_CORRUPT" when a chain or a head fails
-    scopes: int = 0
-    events: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "code": self.code, "problems": self.problems,
-                "scopes": self.scopes, "events": self.events}
+        return {"scope_ref": self.scope_ref, "events": self.events, "chain_ok": self.chain_ok,
+                "candidates": self.candidates, "records": self.records, "projection": self.projection,
+                "problems": list(self.problems)}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    data_dir: str
+    deep: bool
+    scopes: list[ScopeResult]
+    problems: list[str]  # every problem, store-wide ones first
+    code: str | None  # JOURNAL_CORRUPT when a chain or a head fails, else None
+    key_files: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"data_dir": self.data_dir, "deep": self.deep, "ok": self.ok, "code": self.code,
+                "key_files": self.key_files, "problems": list(self.problems),
+                "scopes": [s.as_dict() for s in self.scopes]}
+
+
+class _Rows:
+    """Just what ``Database.verify_journal`` reads, over a read-only connection."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params or []).fetchall()
+
+
+@contextmanager
+def _held(data_dir: Path) -> Iterator[None]:
+    """Hold the store's advisory lock (never creating it): no server starts while we read."""
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _listed(problems: list[str], what: str, ids: list[str]) -> None:
+    if not ids:
+        return
+    shown = ", ".join(sorted(ids)[:MAX_LISTED])
+    more = f" and {len(ids) - MAX_LISTED} more" if len(ids) > MAX_LISTED else ""
+    problems.append(f"{len(ids)} {what}: {shown}{more}")
+
+
+class _Verifier:
+    def __init__(self, data_dir: Path, con: duckdb.DuckDBPyConnection, deep: bool) -> None:
+        self.data_dir, self.con, self.deep = data_dir, con, deep
+        self.keys_dir = data_dir / "keys"
+        self.key_store: KeyStore | None = None
+        if (data_dir / "master.key").is_file() and self.keys_dir.is_dir():
+            self.key_store = KeyStore(data_dir)  # (both exist: it creates nothing)
+        self.corrupt = False
+
+    def rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params or []).fetchall()
+
+    def key_exists(self, key_ref: str) -> bool:
+        return (self.keys_dir / key_ref.removeprefix("local:key-")).is_file()
+
+    def load_key(self, key_ref: str) -> bytes | None:
+        if self.key_store is None:
+            return None
+        try:
+            return self.key_store.load(key_ref)
+        except Exception:  # noqa: BLE001 - a key the master key cannot unwrap is reported as such
+            return None
+
+    # -- store-wide ----------------------------------------------------------------------
+
+    def global_problems(self) -> tuple[list[str], int]:
+        problems: list[str] = []
+        if self.key_store is None:
+            problems.append("the store has no master key or no keys directory")
+        referenced = {r[0] for r in self.rows(
+            "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
+            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")}
+        files = sorted(p.name for p in self.keys_dir.iterdir()) if self.keys_dir.is_dir() else []
+        orphans = [name for name in files if "local:key-" + name not in referenced]
+        _listed(problems, "data key files referenced by no candidate or record (an interrupted write; "
+                "the next open destroys them)", orphans)
+        listed = {r[0] for r in self.rows("SELECT scope_ref FROM scopes")}
+        for table in ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency"):
+            stray = [r[0] for r in self.rows(f"SELECT DISTINCT scope_ref FROM {table}") if r[0] not in listed]
+            if stray:
+                problems.append(f"{table} has rows under {len(stray)} scope(s) the scopes table does not list")
+                if table == "journal":
+                    self.corrupt = True
+        return problems, len(files)
+
+    # -- one scope -----------------------------------------------------------------------
+
+    def scope(self, scope_ref: str) -> ScopeResult:
+        problems: list[str] = []
+        events, chain_ok = self.journal(scope_ref, problems)
+        self.lifecycle(scope_ref, problems)
+        candidates = self.candidates(scope_ref, problems)
+        records = self.records(scope_ref, problems)
+        projection = self.projections(scope_ref, problems) if self.deep else "not checked"
+        return ScopeResult(scope_ref, events, chain_ok, candidates, len(records), projection,
+                           [f"{scope_ref}: {p}" for p in problems])
+
+    def journal(self, scope_ref: str, problems: list[str]) -> tuple[int, bool]:
+        ok = Database.verify_journal(cast(Database, _Rows(self.con)), scope_ref)
+        if not ok:
+            problems.append("the journal's hash chain or cursor sequence does not verify")
+        rows = self.rows("SELECT cursor, event_id, operation, body, event_hash FROM journal WHERE scope_ref = ?"
+                         " ORDER BY cursor", [scope_ref])
+        # verify_journal hashes the body; the columns read by queries must say the same thing.
+        mismatched = []
+        for cursor, event_id, operation, body, event_hash in rows:
+            try:
+                event = json.loads(body)
+            except ValueError:
+                mismatched.append(str(cursor))
+                continue
+            if (event.get("cursor"), event.get("event_id"), event.get("operation"), event.get("event_hash")) != (
+                    str(cursor), event_id, operation, event_hash):
+                mismatched.append(str(cursor))
+        if mismatched:
+            ok = False
+            _listed(problems, "journal rows whose columns differ from their hashed body, at cursors", mismatched)
+        head = self.rows("SELECT high_water, last_event_hash, projection_cursor FROM scopes WHERE scope_ref = ?",
+                         [scope_ref])[0]
+        last_cursor, last_hash = (int(rows[-1][0]), rows[-1][4]) if rows else (0, ZERO_DIGEST)
+        if (int(head[0]), head[1]) != (last_cursor, last_hash):
+            ok = False
+            problems.append(f"the scope's head (high_water {head[0]}) is not the journal's last event "
+                            f"(cursor {last_cursor}) or its hash differs")
+        if int(head[2]) > int(head[0]):
+            ok = False
+            problems.append(f"the projection cursor {head[2]} is beyond the journal's high water {head[0]}")
+        if not ok:
+            self.corrupt = True
+        return len(rows), ok
+
+    def lifecycle(self, scope_ref: str, problems: list[str]) -> None:
+        """Lifecycle rows against the journal: each logical operation once, states agreeing."""
+        ops: dict[str, list[str]] = {}
+        for event_id, operation in self.rows("SELECT event_id, operation FROM journal WHERE scope_ref = ?",
+                                             [scope_ref]):
+            ops.setdefault(event_id.split(":", 1)[1] if ":" in event_id else event_id, []).append(operation)
+        candidates = self.rows("SELECT candidate_id, state FROM candidates WHERE scope_ref = ?", [scope_ref])
+        known = {cid for cid, _ in candidates}
+        no_capture, wrong_state = [], []
+        for cid, state in candidates:
+            seen = ops.get(cid, [])
+            if seen.count("capture") != 1:
+                no_capture.append(cid)
+            decided = [op for op in seen if op != "capture"]
+            expected = CANDIDATE_EVENT.get(CandidateState(state)) if state in set(CandidateState) else None
+            if decided != ([expected] if expected else []):
+                wrong_state.append(cid)
+        _listed(problems, "candidates without exactly one capture event", no_capture)
+        _listed(problems, "candidates whose state disagrees with their journal events", wrong_state)
+        captured = [key for key, seen in ops.items() if "capture" in seen and key not in known]
+        _listed(problems, "capture events without a candidate row", captured)
+        records = self.rows("SELECT record_id, candidate_id, state FROM records WHERE scope_ref = ?", [scope_ref])
+        by_candidate = {cid: rid for rid, cid, _ in records}
+        accepted = [cid for cid, state in candidates if state == CandidateState.ACCEPTED]
+        _listed(problems, "accepted candidates without a record", [c for c in accepted if c not in by_candidate])
+        states = dict(candidates)
+        _listed(problems, "records without an accepted candidate",
+                [rid for rid, cid, _ in records if states.get(cid) != CandidateState.ACCEPTED])
+        tombstoned = {r[0] for r in self.rows("SELECT record_id FROM tombstoned_payloads WHERE scope_ref = ?",
+                                              [scope_ref])}
+        bad = [rid for rid, _, state in records
+               if (state == RecordState.TOMBSTONED) != ("tombstone" in ops.get(rid, []))
+               or (state == RecordState.TOMBSTONED) != (rid in tombstoned)]
+        _listed(problems, "records whose tombstone state, event and tombstoned payload disagree", bad)
+
+    def candidates(self, scope_ref: str, problems: list[str]) -> int:
+        rows = self.rows("SELECT candidate_id, state, created_cursor, payload_digest, record_digest, key_ref,"
+                         " envelope, outcome FROM candidates WHERE scope_ref = ?", [scope_ref])
+        missing, lingering, digests = [], [], []
+        for cid, state, created, pd, rd, key_ref, sealed, outcome in rows:
+            if state != CandidateState.PENDING:
+                # Terminal: its key destroyed and its envelope dropped in the deciding commit.
+                if key_ref is not None or sealed is not None or (state != CandidateState.WITHDRAWN and not outcome):
+                    lingering.append(cid)
+                continue
+            if key_ref is None or sealed is None or not self.key_exists(key_ref):
+                missing.append(cid)
+                continue
+            if not self.deep:
+                continue
+            dek = self.load_key(key_ref)
+            try:
+                assert dek is not None
+                env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
+                record = Lifecycle._build_record(env["payload"], pd, env["recorded_at"], int(created),
+                                                 env["authorization_receipt_digest"], env["trust"])
+                good = payload_digest(env["payload"]) == pd and record["record_digest"] == rd
+            except (AssertionError, ValueError, KeyError, TypeError):
+                good = False
+            if not good:
+                digests.append(cid)
+        _listed(problems, "pending candidates without their key file or sealed envelope", missing)
+        _listed(problems, "decided candidates still holding a key, an envelope, or no outcome", lingering)
+        _listed(problems, "pending candidates whose sealed payload does not yield their digests", digests)
+        return len(rows)
+
+    def records(self, scope_ref: str, problems: list[str]) -> list[str]:
+        rows = self.rows("SELECT r.record_id, r.state, r.record_digest, r.payload_digest, r.key_ref, r.body,"
+                         " c.record_digest FROM records r LEFT JOIN candidates c USING (candidate_id)"
+                         " WHERE r.scope_ref = ?", [scope_ref])
+        missing, shredded_left, digests, alive = [], [], [], []
+        for rid, state, rd, pd, key_ref, body, candidate_rd in rows:
+            if state == RecordState.TOMBSTONED:
+                if key_ref is not None or body is not None:
+                    shredded_left.append(rid)
+                continue
+            alive.append(rid)
+            if key_ref is None or body is None or not self.key_exists(key_ref):
+                missing.append(rid)
+                continue
+            if candidate_rd is not None and candidate_rd != rd:
+                digests.append(rid)
+                continue
+            if not self.deep:
+                continue
+            dek = self.load_key(key_ref)
+            try:
+                assert dek is not None
+                record = json.loads(open_sealed(dek, body, record_context(rid)))
+                payload = {k: v for k, v in record.items() if k not in RECORD_FIELDS}
+                good = (record_digest(record) == rd == record.get("record_digest")
+                        and record_id_from_digest(rd) == rid == record.get("record_id")
+                        and payload_digest(payload) == pd == record.get("payload_digest"))
+            except (AssertionError, ValueError, KeyError, TypeError):
+                good = False
+            if not good:
+                digests.append(rid)
+        _listed(problems, "records not forgotten without their key file or sealed body", missing)
+        _listed(problems, "forgotten records still holding a key or a body", shredded_left)
+        _listed(problems, "records whose sealed body does not yield their digests or id", digests)
+        keyed = {rid for rid, state, *_rest in rows if state != RecordState.TOMBSTONED}
+        stale = [r[0] for r in self.rows("SELECT DISTINCT record_id FROM embeddings WHERE scope_ref = ?", [scope_ref])
+                 if r[0] not in keyed]
+        _listed(problems, "embedding rows for records that are forgotten or absent", stale)
+        return alive
+
+    # -- projections ---------------------------------------------------------------------
+
+    def projections(self, scope_ref: str, problems: list[str]) -> str:
+        cursor = int(self.rows("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])[0][0])
+        live_dir = self.data_dir / "projections" / scope_dirname(scope_ref)
+        records = self._current_records(scope_ref)
+        if not live_dir.is_dir():
+            return "stale" if records else "equal"
+        with tempfile.TemporaryDirectory(prefix="engram-verify-") as tmp:
+            # Opening a Tantivy index takes its writer lock: work on a copy, the data dir stays untouched.
+            copy_root = Path(tmp) / "live"
+            shutil.copytree(live_dir, copy_root / live_dir.name)
+            live = Projections(copy_root)
+            try:
+                # No cursor yet (a scope of captures only) reflects cursor 0: nothing was projected.
+                if (live.lexical(scope_ref).cursor or "0") != str(cursor):
+                    return "stale"  # the next open rebuilds it before the scope's first use
+                vectors = self._stored_vectors(scope_ref, problems)
+                built = build_aside(Path(tmp) / "built", live, scope_ref, records, vectors, cursor)
+                try:
+                    diffs = compare_projections(live, built, scope_ref, records, vectors)
+                finally:
+                    built.close()
+            finally:
+                live.close()
+        problems.extend(f"projection differs from a fresh rebuild: {d}" for d in diffs)
+        return "differs" if diffs else "equal"
+
+    def _current_records(self, scope_ref: str) -> list[dict[str, Any]]:
+        out = []
+        for rid, key_ref, body in self.rows(
+                f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = "
+                f"'{RecordState.ACCEPTED_CURRENT}' AND body IS NOT NULL ORDER BY record_id", [scope_ref]):
+            dek = self.load_key(key_ref) if key_ref else None
+            if dek is None:
+                continue  # reported by records()
+            try:
+                out.append(json.loads(open_sealed(dek, body, record_context(rid))))
+            except ValueError:
+                continue
+        return out
+
+    def _stored_vectors(self, scope_ref: str, problems: list[str]) -> tuple[list[str], np.ndarray] | None:
+        """The current records' stored embeddings, as the engine would index them (None: none stored)."""
+        current = f"r.state = '{RecordState.ACCEPTED_CURRENT}'"
+        digests = [r[0] for r in self.rows(
+            "SELECT DISTINCT e.model_digest FROM embeddings e JOIN records r USING (record_id)"
+            f" WHERE e.scope_ref = ? AND {current}", [scope_ref])]
+        if not digests:
+            return None
+        if len(digests) > 1:
+            from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
+
+            path = packaged_model_path()
+            model = compute_model_digest(path) if path is not None else None
+            if model not in digests:
+                problems.append("embeddings of several models and none of the packaged one: vectors not compared")
+                return None
+            digests = [model]
+        ids, vecs = [], []
+        for rid, key_ref, blob in self.rows(
+                "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
+                f" WHERE e.scope_ref = ? AND e.model_digest = ? AND {current} ORDER BY e.record_id",
+                [scope_ref, digests[0]]):
+            dek = self.load_key(key_ref) if key_ref else None
+            if dek is None:
+                continue
+            ids.append(rid)
+            vecs.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
+        return (ids, np.vstack(vecs)) if ids else None
 
 
 def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
-    report = VerifyReport()
-    con = duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True)
-    try:
-        for scope, high_water, last_hash in con.execute(
-            "SELECT scope_ref, high_water, last_event_hash FROM scopes ORDER BY scope_ref"
-        ).fetchall():
-            report.scopes += 1
-            previous, expected = ZERO_DIGEST, 1
-            for cursor, body, event_hash in con.execute(
-                "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ? ORDER BY cursor", [scope]
-            ).fetchall():
-                report.events += 1
-                event = json.loads(body)
-                if int(cursor) != expected or event.get("previous_event_hash") != previous \
-                        or receipt_digest("memory-journal-event", event, "event_hash") != event_hash:
-                    report.problems.append(f"{scope}: the journal chain breaks at cursor {cursor}")
-                    break
-                previous, expected = event_hash, expected + 1
-            else:
-                if expected - 1 != int(high_water) or previous != last_hash:
-                    report.problems.append(f"{scope}: the scope head does not match its journal")
-    finally:
-        con.close()
-    if report.problems:
-        report.ok, report.code = False, "JOURNAL_CORRUPT"
-    return report
+    """Verify the stopped store at ``data_dir`` without changing it (see the module docstring).
+
+    Raises NoStoreError (no engram-memory store there) and StoreBusyError (a server holds it)."""
+    data_dir = Path(data_dir)
+    scopes = existing_scopes(data_dir)
+    with _held(data_dir):
+        try:
+            con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
+        except duckdb.IOException:
+            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
+        try:
+            verifier = _Verifier(data_dir, con, deep)
+            problems, key_files = verifier.global_problems()
+            results = [verifier.scope(scope) for scope in scopes]
+        finally:
+            con.close()
+    for result in results:
+        problems.extend(result.problems)
+    return VerifyReport(str(data_dir), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
+                        key_files)

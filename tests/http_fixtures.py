@@ -120,6 +120,8 @@ def http_server(data_dir: Path, kit: HostKit, env: dict[str, str], extra: Sequen
             proc.kill()
             out, _ = proc.communicate()
     assert out == b"", "stdout stays silent over HTTP"
+    # SIGTERM is a graceful stop that closes the engine (uvicorn used to re-raise it: exit 143)
+    assert proc.returncode == 0, f"serve --http exited {proc.returncode} on SIGTERM"
 
 
 @dataclass

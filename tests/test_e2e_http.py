@@ -581,3 +581,17 @@ def test_allow_remote_binds_beyond_loopback_and_warns_about_tls(kit: HostKit, tm
         out, err = proc.communicate(timeout=30)
     assert out == b""
     assert b"TLS must terminate in front of this server" in err
+
+
+async def test_sigterm_closes_the_engine(kit: HostKit, tmp_path_factory: pytest.TempPathFactory,
+                                         offline_env: dict[str, str]) -> None:
+    """A stop checkpoints DuckDB (no WAL left), flushes the audit and removes the socket."""
+    data_dir = tmp_path_factory.mktemp("http-stop")
+    with http_server(data_dir, kit, offline_env) as srv:
+        async with signed_client(srv.url, kit, "host-a", host_context(tenant="stop")) as c:
+            assert (await c.call("capture", capture_args("Stopping cleanly keeps the audit row.")))["ok"]
+        assert (data_dir / "engram.sock").exists()
+    assert not (data_dir / "engram.sock").exists()
+    assert not (data_dir / "engram.duckdb.wal").exists()
+    with duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM audit WHERE tool LIKE '%capture'").fetchone() == (1,)

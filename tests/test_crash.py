@@ -1,0 +1,124 @@
+"""The crash harness: a few real kill-and-recover trials, and each check failing on a planted fault.
+
+The documented full run is ``engram-memory crash --trials 100 --seed 1 --clients 4 --out out/crash``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from engram_memory.eval.bench_http import make_keys
+from engram_memory.eval.crash import Attempt, Op, check_answers, check_store, ledger_id, run_crash, run_trial
+from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
+
+
+def test_trials_survive_and_are_written(tmp_path: Path) -> None:
+    result = run_crash(2, seed=11, clients=3, out=tmp_path / "out", max_kill_s=1.0, progress=False)
+    totals = result["totals"]
+    assert totals["trials"] == 2 and totals["survived"] == 2, [r.failures for r in result["results"]]
+    assert totals["operations"] > 0 and totals["calls"] >= totals["operations"]
+    doc = json.loads((tmp_path / "out" / "crash.json").read_text())
+    assert doc["totals"]["survived"] == 2 and len(doc["trials"]) == 2
+    assert all(t["verify"]["ok"] for t in doc["trials"])
+    assert not (tmp_path / "out" / "trials").exists()  # passing trials leave nothing behind
+
+
+@pytest.fixture(scope="module")
+def kept_trial(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Op], set[tuple[str, str, str]]]:
+    root = tmp_path_factory.mktemp("crash")
+    make_keys(root / "keys")
+    result, ops, before = run_trial(0, 5, 3, root / "keys", root, max_kill_s=1.0, keep=True)
+    assert result.ok, result.failures
+    return root / "trial-0000", ops, before
+
+
+def planted_copy(kept: tuple[Path, list[Op], set[tuple[str, str, str]]], tmp_path: Path) -> Path:
+    dst = tmp_path / "data"
+    shutil.copytree(kept[0], dst, ignore=shutil.ignore_patterns("engram.sock"))
+    return dst
+
+
+def test_kept_trial_is_clean(kept_trial) -> None:
+    data, ops, before = kept_trial
+    assert check_answers(ops, before) == [] and check_store(data, ops) == [] and verify_store(data).ok
+
+
+def test_store_check_fails_on_a_duplicated_or_lost_operation(kept_trial, tmp_path: Path) -> None:
+    data = planted_copy(kept_trial, tmp_path)
+    con = duckdb.connect(str(data / "engram.duckdb"))
+    # A second candidate for one capture: applied twice.
+    con.execute("INSERT INTO candidates SELECT 'candidate_dup' || candidate_id, scope_ref, principal, state,"
+                " created_cursor, recorded_at, payload_digest, record_digest, NULL, NULL, outcome"
+                " FROM candidates LIMIT 1")
+    con.close()
+    failures = check_store(data, kept_trial[1])
+    assert any("1 extra" in f for f in failures)
+    assert not verify_store(data).ok  # the verifier agrees: a candidate without its capture event
+
+    data2 = tmp_path / "lost"
+    shutil.copytree(kept_trial[0], data2, ignore=shutil.ignore_patterns("engram.sock"))
+    con = duckdb.connect(str(data2 / "engram.duckdb"))
+    con.execute("DELETE FROM idempotency WHERE rowid = (SELECT min(rowid) FROM idempotency)")
+    con.close()
+    assert any("ledger rows" in f for f in check_store(data2, kept_trial[1]))
+
+
+def test_verify_fails_on_a_tampered_journal(kept_trial, tmp_path: Path) -> None:
+    data = planted_copy(kept_trial, tmp_path)
+    con = duckdb.connect(str(data / "engram.duckdb"))
+    body = con.execute("SELECT body FROM journal ORDER BY scope_ref, cursor LIMIT 1").fetchone()[0]
+    event = json.loads(body)
+    event["recorded_at"] = "2000-01-01T00:00:00.000Z"
+    con.execute("UPDATE journal SET body = ? WHERE body = ?", [json.dumps(event), body])
+    con.close()
+    report = verify_store(data)
+    assert report.code == JOURNAL_CORRUPT
+
+
+def _op(tool: str = "capture", *attempts: Attempt) -> Op:
+    op = Op("p:1", 0, "crash-t0", "p", tool, {"idempotency_key": "crash-key-0000001"}, list(attempts))
+    return op
+
+
+FIRST = {"status": "committed_pending", "candidate_id": "candidate_a", "record_digest": "sha256:r", "cursor": "3",
+         "transaction_receipt_digest": "sha256:t"}
+REPLAY = {**FIRST, "status": "duplicate_exact"}
+
+
+def test_answer_checks_fail_on_planted_lies() -> None:
+    ok = _op("capture", Attempt("load", "ok", value=FIRST))
+    applied = {ledger_id(ok)}
+    assert check_answers([ok], applied) == []
+    # Answered before the kill, yet the dead server's ledger does not hold it: lost.
+    assert any("lost" in f for f in check_answers([ok], set()))
+    # Unanswered at the kill, committed before it, yet the retry applied it afresh: a lie.
+    lie = _op("capture", Attempt("load", "indefinite", "CancelledError"), Attempt("recovery", "ok", value=FIRST))
+    assert any("lie" in f for f in check_answers([lie], applied))
+    assert check_answers([lie], set()) == []  # (not committed before: the fresh answer is the truth)
+    # Unanswered, the retry says "already applied", but nothing had committed: a lie the other way.
+    ghost = _op("capture", Attempt("load", "indefinite", "ConnectError"), Attempt("recovery", "ok", value=REPLAY))
+    assert any("every answer is a replay" in f for f in check_answers([ghost], set()))
+    assert check_answers([ghost], applied) == []
+    twice = _op("capture", Attempt("load", "ok", value=FIRST), Attempt("recovery", "ok", value=FIRST))
+    assert any("applied 2 times" in f for f in check_answers([twice], applied))
+    differ = _op("capture", Attempt("load", "ok", value=FIRST),
+                 Attempt("recovery", "ok", value={**REPLAY, "cursor": "4"}))
+    assert any("disagree" in f for f in check_answers([differ], applied))
+    hung = _op("capture", Attempt("load", "indefinite", "CancelledError"),
+               Attempt("recovery", "indefinite", "STORE_UNAVAILABLE"))
+    assert any("no definitive answer" in f for f in check_answers([hung], applied))
+    wrong = _op("withdraw", Attempt("load", "error", "ALREADY_TERMINAL"))
+    assert any("unexpected answer" in f for f in check_answers([wrong], applied))
+
+
+def test_usage_errors_are_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "crash", "--out", str(tmp_path / "o"),
+                           "--transport", "carrier-pigeon"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "only http" in done.stderr
