@@ -121,8 +121,6 @@ CASES = [
          "sub-folders are collections, e.g. --dataset"),
     case("folder-with-a-broken-collection", "eval --dataset {data}/mixed --out {out}",
          "mixed/bad: not a BEIR collection: no qrels/test.tsv"),
-    case("folder-limit-docs-keeps-nothing", "eval --dataset {data}/shelf --out {out} --limit-docs 1",
-         "--limit-docs 1 keeps no fully judged query of"),
     case("corpus-not-json", "eval --dataset {data}/bad-corpus --out {out}", "corpus.jsonl line 3: not valid JSON"),
     case("queries-not-json", "eval --dataset {data}/bad-queries --out {out}", "queries.jsonl line 2: not valid JSON"),
     case("qrels-reference-nothing", "eval --dataset {data}/qrels-nothing --out {out}",
