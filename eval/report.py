@@ -72,7 +72,7 @@ def markdown(results: Mapping[str, Any]) -> str:
     if sig:
         lines += ["", "Paired t-test p-values on nDCG@10 (ranx.compare):", ""]
         lines += [f"- {a} vs {b}: p = {v:.3g}" for a, row in sig.items() for b, v in row.items()]
-    lines += ["", "Metrics: ranx " + r.get("ranx_version", "") + "; runs are the engine's rank receipts "
+    lines += ["", "Metrics: ranx " + r.get("ranx_version", "") + "; the engine's runs are its rank receipts "
               "(two pages of 50 via next_page_cursor), scored in the engine's order.", ""]
     return "\n".join(lines)
 
