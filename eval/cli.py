@@ -100,7 +100,8 @@ def eval_cmd(
     weights: Annotated[str | None, Opt("--weights", metavar="L,S", help="Score-fusion weights lexical,semantic, "
                                        "with --fusion dbsf or convex.")] = None,
     cache_dir: Annotated[Path | None, Opt("--cache-dir",
-                                          help="Store cache root (default OUT/store); keyed by corpus digest.")] = None,
+                                          help="Store cache root (default OUT/store; for a folder, "
+                                          "OUT/<name>/store); keyed by corpus digest.")] = None,
     mapping: Annotated[str, Opt("--mapping", help="Doc -> capture: single (title+text) or split.")] = "single",
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
     threads: Annotated[str | None, Opt("--threads", metavar="N",
