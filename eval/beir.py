@@ -76,11 +76,13 @@ def _short(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def check_layout(path: Path | str) -> Path:
+def check_layout(path: Path | str, folders: bool = False) -> Path:
     """The folder exists and has the three BEIR files; says what is missing (one line) otherwise.
 
     A folder that holds collections in sub-folders (``data/scifact``, ``data/locomo/locomo-26``) is
-    named as such, with the collections it holds: ``--dataset`` takes one collection.
+    named as such, with the collections it holds: ``--dataset`` takes one collection (or, with
+    ``folders``, a folder whose sub-folders are collections: ``eval`` takes those, see
+    :func:`collection_folders`).
     """
     path = Path(path)
     if not path.exists():
@@ -95,10 +97,28 @@ def check_layout(path: Path | str) -> Path:
         inside += sorted(str(p.relative_to(path)) for p in path.glob("*/*/") if (p / CORPUS).is_file())
         if inside:
             shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
-            raise CollectionError(path, f"is a folder of {len(inside)} collections ({shown}), not a collection: "
-                                        f"pass one of them, e.g. --dataset {path / inside[0]}")
+            if not folders:
+                raise CollectionError(path, f"is a folder of {len(inside)} collections ({shown}), not a "
+                                            f"collection: pass one of them, e.g. --dataset {path / inside[0]}")
+            raise CollectionError(path, f"holds collections only in sub-sub-folders ({shown}): pass one of them, "
+                                        f"or a folder whose sub-folders are collections, e.g. --dataset "
+                                        f"{path / Path(inside[0]).parent}")
     listed = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " or " + missing[-1]
     raise CollectionError(path, f"not a BEIR collection: no {listed} ({LAYOUT})")
+
+
+def collection_folders(path: Path | str) -> list[Path]:
+    """The collections a folder of collections holds: its sub-folders with any BEIR file, by name.
+
+    Empty when ``path`` is itself a collection (it has one of the three files) or holds none; a
+    sub-folder with only some of the files is still listed, so loading it names what it lacks.
+    Sub-folders with none of the files (and hidden ones) are not collections and are left out.
+    """
+    path = Path(path)
+    if not path.is_dir() or any((path / name).exists() for name in (CORPUS, QUERIES, QRELS)):
+        return []
+    return sorted((p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
+                   and any((p / name).exists() for name in (CORPUS, QUERIES, QRELS))), key=lambda p: p.name)
 
 
 def _jsonl(root: Path, name: str) -> Iterator[tuple[int, dict]]:

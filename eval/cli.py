@@ -24,7 +24,13 @@ from typing import Annotated, NoReturn  # noqa: E402
 import typer  # noqa: E402
 
 from engram_memory.eval import options  # noqa: E402
-from engram_memory.eval.beir import Collection, CollectionError, check_layout, load_collection  # noqa: E402
+from engram_memory.eval.beir import (  # noqa: E402
+    Collection,
+    CollectionError,
+    check_layout,
+    collection_folders,
+    load_collection,
+)
 from engram_memory.eval.options import OptionError  # noqa: E402
 
 Opt = typer.Option
@@ -76,11 +82,13 @@ def _collection(dataset: Path, limit_docs: int | None) -> Collection:
 def eval_cmd(
     dataset: Annotated[Path | None, Opt("--dataset", show_default=False,
                                         help="BEIR collection folder: corpus.jsonl, queries.jsonl, qrels/test.tsv "
-                                        "(a clone has eval/sample). Required.")] = None,
+                                        "(a clone has eval/sample); or a folder whose sub-folders are collections "
+                                        "(each is scored in its own scope, plus the mean). Required.")] = None,
     out: Annotated[Path | None, Opt("--out", show_default=False,
-                                    help="Output dir: results.json, report.md, report.png, runs/. Required.")] = None,
-    channels: Annotated[str, Opt("--channels", help="Runs to score, comma-separated: lexical, semantic, "
-                                 "hybrid.")] = "lexical,semantic,hybrid",
+                                    help="Output dir: results.json, report.md, report.png, runs/ (a folder of "
+                                    "collections: OUT/<name>/ each, and the summary). Required.")] = None,
+    channels: Annotated[str, Opt("--channels", help="Runs to score, comma-separated: baseline (standard BM25, "
+                                 "bm25s), lexical, semantic, hybrid.")] = options.DEFAULT_CHANNELS,
     fusion: Annotated[str | None, Opt("--fusion", help="Hybrid fusion: rrf, dbsf or convex (default: the "
                                       "engine's).")] = None,
     limit_docs: Annotated[str | None, Opt("--limit-docs", metavar="N",
@@ -92,7 +100,8 @@ def eval_cmd(
     weights: Annotated[str | None, Opt("--weights", metavar="L,S", help="Score-fusion weights lexical,semantic, "
                                        "with --fusion dbsf or convex.")] = None,
     cache_dir: Annotated[Path | None, Opt("--cache-dir",
-                                          help="Store cache root (default OUT/store); keyed by corpus digest.")] = None,
+                                          help="Store cache root (default OUT/store; for a folder, "
+                                          "OUT/<name>/store); keyed by corpus digest.")] = None,
     mapping: Annotated[str, Opt("--mapping", help="Doc -> capture: single (title+text) or split.")] = "single",
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
     threads: Annotated[str | None, Opt("--threads", metavar="N",
@@ -101,7 +110,8 @@ def eval_cmd(
                                            help="Score only the first N judged queries (CI smoke).")] = None,
     latency: Annotated[bool, Opt("--latency/--no-latency", help="Also time one limit-10 search per query.")] = True,
 ) -> None:
-    """Score lexical, semantic and hybrid search on a BEIR collection through the real engine.
+    """Score lexical, semantic and hybrid search on a BEIR collection through the real engine,
+    next to standard BM25 (the baseline row).
 
     Try it from a clone: engram-memory eval --dataset eval/sample --out out/eval/sample
     """
@@ -121,31 +131,47 @@ def eval_cmd(
         doc_mapping = options.choice("--mapping", mapping, options.MAPPINGS)
         peer_name = options.choice("--peer", peer, options.PEERS)
         cache = options.writable_dir("--cache-dir", cache_dir, required=False)
-        check_layout(dataset)
+        folders = collection_folders(dataset)
+        if not folders:
+            check_layout(dataset, folders=True)
         options.peer_available(peer_name)
-        col = _collection(dataset, limit)
+        options.baseline_available(run_channels)
+        # A folder of collections: every one is read and checked before any work.
+        cols = [_collection(f, limit) for f in folders] if folders else [_collection(dataset, limit)]
     except OptionError as exc:
         fail(str(exc))
     except CollectionError as exc:
         fail(f"--dataset {exc.path}: {exc.detail}")
     assert out_dir is not None and doc_mapping is not None
-    for warning in col.warnings:
-        say("eval", f"note: {warning}")
+    for col in cols:
+        for warning in col.warnings:
+            say("eval", f"note: {col.name}: {warning}" if folders else f"note: {warning}")
+    if folders:
+        say("eval", f"{dataset}: a folder of {len(cols)} collections ({', '.join(c.name for c in cols)}); each in "
+            "its own scope, then the mean")
 
     _make_dir("--out", out_dir)
 
+    from engram_memory.eval.folder import run_folder
     from engram_memory.eval.harness import run_eval
     from engram_memory.store.engine import StoreBusyError
 
+    run_options = dict(channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w, limit_docs=limit,
+                       peer=peer_name, cache_dir=cache, mapping=doc_mapping, progress=progress, threads=n_threads,
+                       max_queries=max_q, latency=latency)
     try:
-        results = run_eval(col, out_dir, channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w,
-                           limit_docs=limit, peer=peer_name, cache_dir=cache, mapping=doc_mapping,
-                           progress=progress, threads=n_threads, max_queries=max_q, latency=latency)
+        if folders:
+            summary = run_folder(dataset, cols, out_dir, **run_options)
+            rows = {f"{name} {run}": scores for name, row in summary["per_collection"].items()
+                    for run, scores in row["runs"].items()}
+            rows.update({f"mean {run}": scores for run, scores in summary["mean"].items()})
+        else:
+            results = run_eval(cols[0], out_dir, **run_options)
+            rows = {f"{results['dataset']} {name:>8}": scores for name, scores in results["runs"].items()}
     except StoreBusyError as exc:
         fail(f"{exc} (another eval or a server holds it: wait, or pick another --cache-dir)")
-    for name, scores in results["runs"].items():
-        sys.stderr.write(f"{results['dataset']} {name:>8}: " + "  ".join(f"{k} {v:.4f}" for k, v in scores.items())
-                         + "\n")
+    for label, scores in rows.items():
+        sys.stderr.write(f"{label}: " + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()) + "\n")
     sys.stderr.write(f"wrote {out_dir / 'results.json'}\n")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from engram_memory.eval import metrics, options, report
+from engram_memory.eval import baseline, metrics, options, report
 from engram_memory.eval.beir import Collection, load_collection, truncate_utf8
 from engram_memory.eval.ingest import (
     CHANNEL_SETS,
@@ -35,7 +35,7 @@ from engram_memory.eval.ingest import (
 from engram_memory.eval.runner import DEPTH, RunResult, run_queries, search_depth
 
 log = logging.getLogger("engram.eval")
-CHANNELS = tuple(CHANNEL_SETS)
+CHANNELS = options.CHANNEL_NAMES  # the baseline (bm25s) and the engine's three runs
 LATENCY_LIMIT = 10  # the tool's default page size: what an agent's typical search costs
 
 
@@ -187,69 +187,110 @@ def run_eval(
     options.integer("--threads", threads)
     options.choice("--mapping", mapping, options.MAPPINGS)
     options.choice("--peer", peer, options.PEERS)
+    options.baseline_available(channels)
     col = dataset if isinstance(dataset, Collection) else load_collection(dataset, limit_docs)
     if max_queries is not None:
         col.queries = dict(list(col.queries.items())[:max_queries])
         col.qrels = {q: col.qrels[q] for q in col.queries}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch_threads = set_torch_threads(threads)
+    engine_channels = [ch for ch in channels if ch in CHANNEL_SETS]
+    needs_model = any(ch != "lexical" for ch in engine_channels) or peer is not None
+    torch_threads = set_torch_threads(threads) if needs_model else None
     overrides = fusion_overrides(fusion, rrf_k, weights)
+    if not needs_model:
+        # A lexical-only run never loads the model: no ingest embeddings (a later semantic run
+        # embeds them when it opens the store, see eval.ingest.open_engine), no loader thread.
+        overrides["semantic"] = False
     cache_root = Path(cache_dir) if cache_dir else out / "store"
-    _say(f"{col.name}: {len(col.docs):,} docs, {len(col.queries):,} judged queries; runs {', '.join(channels)}; "
-         f"store cache {cache_root}")
-    ing = load_or_ingest(col, cache_root, mapping, progress=progress, announce=_say)
-    store_dir = ing.store_dir
+    _say(f"{col.name}: {len(col.docs):,} docs, {len(col.queries):,} judged queries; runs {', '.join(channels)}"
+         + (f"; store cache {cache_root}" if engine_channels or peer else ""))
+    scores: dict[str, dict[str, float]] = {}
+    all_runs: dict[str, Mapping[str, Sequence[tuple[str, float]]]] = {}
+    if "baseline" in channels:
+        t = time.perf_counter()
+        all_runs["baseline"] = baseline.run_collection(col)
+        baseline_s = time.perf_counter() - t
+    ing: IngestResult | None = None
     results_runs: dict[str, RunResult] = {}
-    for ch in channels:
-        results_runs[ch] = run_channel(store_dir, col, ing, ch, progress=progress, **overrides)
-    scores = {ch: metrics.score(r.run, col.qrels) for ch, r in results_runs.items()}
-    for ch, r in results_runs.items():
-        metrics.write_trec(out / "runs" / f"{col.name}.{ch}.trec", r.run, f"engram-{ch}")
-    hybrid_receipt = results_runs.get("hybrid", next(iter(results_runs.values()))).receipt
+    if engine_channels or peer:
+        ing = load_or_ingest(col, cache_root, mapping, progress=progress, announce=_say,
+                             **({} if needs_model else {"semantic": False}))
+        for ch in engine_channels:
+            results_runs[ch] = run_channel(ing.store_dir, col, ing, ch, progress=progress, **overrides)
+            all_runs[ch] = results_runs[ch].run
+    ordered = [ch for ch in channels if ch in all_runs]
+    scores = {ch: metrics.score(all_runs[ch], col.qrels) for ch in ordered}
+    for ch in ordered:
+        metrics.write_trec(out / "runs" / f"{col.name}.{ch}.trec", all_runs[ch],
+                           "bm25s-baseline" if ch == "baseline" else f"engram-{ch}")
+    hybrid_receipt = results_runs.get("hybrid", next(iter(results_runs.values()), None))
     results: dict[str, Any] = {
         "dataset": col.name,
         "docs": len(col.docs),
         "queries": len(col.queries),
         "runs": scores,
-        "fusion": hybrid_receipt.get("fusion") if "hybrid" in results_runs else {"method": "none"},
-        "model": model_info(store_dir),
+        "fusion": (hybrid_receipt.receipt.get("fusion") if "hybrid" in results_runs and hybrid_receipt
+                   else {"method": "none"}),
+        "model": model_info(ing.store_dir) if ing is not None and needs_model else {"model_id": None,
+                                                                                   "model_digest": None},
         "mapping": mapping,
         "limit_docs": limit_docs,
         "max_queries": max_queries,
-        "admitted": len(ing.doc_to_record),
-        "rejected": ing.rejected,
+        "admitted": len(ing.doc_to_record) if ing is not None else None,
+        "rejected": ing.rejected if ing is not None else [],
         "judged_pairs": sum(1 for q in col.qrels.values() for g in q.values() if g > 0),
         "receipts": {ch: r.receipt for ch, r in results_runs.items()},
         "restarted_queries": {ch: r.restarted_queries for ch, r in results_runs.items()},
         "admission_policy": admission_policy_ref(),
         "truncated_queries": max((r.truncated_queries for r in results_runs.values()), default=0),
-        "store": {"dir": str(store_dir), "reused": ing.reused, "ingest_s": ing.seconds,
-                  "fingerprint": col.fingerprint},
         "torch_threads": torch_threads,
         "ranx_version": version("ranx"),
         "python": platform.python_version(),
     }
-    if not ing.reused and ing.capture_s:
-        results["ingest"] = {"capture_ms": _pcts(ing.capture_s), "admission_ms": _pcts(ing.admit_s),
-                             "docs_per_s": len(col.docs) / ing.seconds}
-    if {"hybrid", "lexical", "semantic"} <= set(results_runs):
-        results["significance"] = {"hybrid": {
-            k: v for k, v in metrics.significance(
-                {c: results_runs[c].run for c in ("hybrid", "lexical", "semantic")}, col.qrels)["hybrid"].items()}}
-    if latency:
-        _say(f"timing one limit-{LATENCY_LIMIT} search per query ({', '.join(channels)})")
+    if "baseline" in all_runs:
+        results["baseline"] = {**baseline.describe(), "seconds": baseline_s}
+    if ing is not None:
+        results["store"] = {"dir": str(ing.store_dir), "reused": ing.reused, "ingest_s": ing.seconds,
+                            "fingerprint": col.fingerprint}
+        if not ing.reused and ing.capture_s:
+            results["ingest"] = {"capture_ms": _pcts(ing.capture_s), "admission_ms": _pcts(ing.admit_s),
+                                 "docs_per_s": len(col.docs) / ing.seconds}
+    sig = _significance(all_runs, col.qrels)
+    if sig:
+        results["significance"] = sig
+    if latency and engine_channels and ing is not None:
+        _say(f"timing one limit-{LATENCY_LIMIT} search per query ({', '.join(engine_channels)})")
         lat = {}
-        for ch in channels:
-            lat[ch] = _pcts(latency_pass(store_dir, col, ch, **overrides))
+        for ch in engine_channels:
+            lat[ch] = _pcts(latency_pass(ing.store_dir, col, ch, **overrides))
         results["latency_ms"] = lat
-    if peer == "lancedb":
-        results["peer"] = _peer_section(peer_eval(store_dir, col, ing, out, progress), col, scores,
+    if peer == "lancedb" and ing is not None:
+        results["peer"] = _peer_section(peer_eval(ing.store_dir, col, ing, out, progress), col, scores,
                                         results.get("latency_ms", {}), out)
     results["elapsed_s"] = time.perf_counter() - t_start
     report.write_results(out, results)
     report.write_report(out, results)
     return results
+
+
+# Which pairs get a paired t-test on nDCG@10: the fused run against each channel and the baseline,
+# and the lexical channel against the baseline (issue 12: lexical must not lose to standard BM25).
+SIGNIFICANCE_PAIRS = (("hybrid", "lexical"), ("hybrid", "semantic"), ("hybrid", "baseline"),
+                      ("lexical", "baseline"))
+
+
+def _significance(runs: Mapping[str, Mapping[str, Sequence[tuple[str, float]]]],
+                  qrels: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float]]:
+    pairs = [(a, b) for a, b in SIGNIFICANCE_PAIRS if a in runs and b in runs]
+    if not pairs:
+        return {}
+    names = sorted({n for pair in pairs for n in pair})
+    p = metrics.significance({n: runs[n] for n in names}, qrels)
+    out: dict[str, dict[str, float]] = {}
+    for a, b in pairs:
+        out.setdefault(a, {})[b] = p[a][b]
+    return out
 
 
 def _peer_section(p: dict[str, Any], col: Collection, ours: Mapping[str, Mapping[str, float]],

@@ -11,7 +11,8 @@ from ranx import Qrels, Run, compare, evaluate
 # numba's uint64 -> int64 cast notice on every ndcg call: noise for ranks < 2**63
 warnings.filterwarnings("ignore", message="unsafe cast from uint64 to int64")
 
-METRICS: tuple[str, ...] = ("ndcg@10", "recall@100", "mrr@10", "map@100")
+# recall@10: what a default page (limit 10) holds -- the figure issue 12 asks of LoCoMo.
+METRICS: tuple[str, ...] = ("ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100")
 Ranking = Sequence[tuple[str, float]]  # (doc_id, engine score), in the engine's order
 
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from engram_memory.models.states import FusionMethod
 
-CHANNEL_NAMES = ("lexical", "semantic", "hybrid")  # eval.ingest.CHANNEL_SETS, without its imports
+ENGINE_CHANNELS = ("lexical", "semantic", "hybrid")  # eval.ingest.CHANNEL_SETS, without its imports
+# "baseline" is standard BM25 (bm25s, eval/baseline.py) over the same collection: not an engine run.
+CHANNEL_NAMES = ("baseline", *ENGINE_CHANNELS)
+DEFAULT_CHANNELS = ",".join(CHANNEL_NAMES)
 FUSIONS = tuple(m.value for m in FusionMethod)
 MAPPINGS = ("single", "split")
 PEERS = ("lancedb",)
@@ -51,7 +54,7 @@ def csv_list(value: str | None) -> list[str]:
 
 
 def channels(value: str | Sequence[str]) -> list[str]:
-    """``lexical,semantic,hybrid`` (any non-empty subset, each once, in the order given)."""
+    """``baseline,lexical,semantic,hybrid`` (any non-empty subset, each once, in the order given)."""
     names = csv_list(value) if isinstance(value, str) else [str(v).strip() for v in value]
     if not names:
         raise OptionError(f"--channels needs at least one of {_or(CHANNEL_NAMES)}")
@@ -144,6 +147,17 @@ def peer_available(peer: str | None) -> None:
     why = peer_lancedb.unavailable()
     if why:
         raise OptionError(f"--peer lancedb: {why}")
+
+
+def baseline_available(run_channels: Sequence[str]) -> None:
+    """The ``baseline`` run needs bm25s and PyStemmer (the eval extra): say so now, not after the ingest."""
+    if "baseline" not in run_channels:
+        return
+    from engram_memory.eval.baseline import unavailable
+
+    why = unavailable()
+    if why:
+        raise OptionError(f"--channels baseline: {why}")
 
 
 def writable_dir(option: str, path: Path | None, required: bool = True) -> Path | None:

@@ -28,20 +28,31 @@ def metrics_table(runs: Mapping[str, Mapping[str, float]], metrics: tuple[str, .
     return lines
 
 
+def _model(model: Mapping[str, Any]) -> str:
+    if not model.get("model_id"):
+        return "model: not loaded (no semantic run)"
+    return f"model: `{model['model_id']}` (digest `{str(model['model_digest'])[:19]}…`)"
+
+
 def markdown(results: Mapping[str, Any]) -> str:
     r = results
+    admitted = ("" if r.get("admitted") is None else
+                f" ({r['admitted']:,} admitted, {len(r['rejected'])} refused by the admission policy)")
     lines = [
         f"# Relevance: {r['dataset']}",
         "",
-        f"{r['docs']:,} documents ({r['admitted']:,} admitted, {len(r['rejected'])} refused by the admission policy), "
-        f"{r['queries']:,} judged test queries"
+        f"{r['docs']:,} documents{admitted}, {r['queries']:,} judged test queries"
         + (f", subset of the first-judged docs (--limit-docs {r['limit_docs']})" if r.get("limit_docs") else "")
         + ".",
-        f"Fusion: `{json.dumps(r['fusion'])}`; model: `{r['model']['model_id']}` "
-        f"(digest `{r['model']['model_digest'][:19]}…`); mapping: `{r['mapping']}`.",
+        f"Fusion: `{json.dumps(r['fusion'])}`; {_model(r['model'])}; mapping: `{r['mapping']}`.",
         "",
         *metrics_table(r["runs"]),
     ]
+    base = r.get("baseline")
+    if base:
+        lines += ["", f"`baseline` is standard BM25, not the engine: {base['engine']} {base['engine_version']}, "
+                  f"{base['stemmer']} stemming, {base['stopwords']} stopwords, k1 {base['k1']}, b {base['b']}, "
+                  f"{base['fields']}, exhaustive top-{base['depth']} (eval/baseline.py)."]
     peer = r.get("peer")
     if peer and peer.get("runs"):
         lines += ["", f"## Peer: {peer['name']} {peer['version']}", "", *metrics_table(peer["runs"])]
@@ -60,8 +71,8 @@ def markdown(results: Mapping[str, Any]) -> str:
     sig = r.get("significance")
     if sig:
         lines += ["", "Paired t-test p-values on nDCG@10 (ranx.compare):", ""]
-        lines += [f"- hybrid vs {k}: p = {v:.3g}" for k, v in sig.get("hybrid", {}).items()]
-    lines += ["", "Metrics: ranx " + r.get("ranx_version", "") + "; runs are the engine's rank receipts "
+        lines += [f"- {a} vs {b}: p = {v:.3g}" for a, row in sig.items() for b, v in row.items()]
+    lines += ["", "Metrics: ranx " + r.get("ranx_version", "") + "; the engine's runs are its rank receipts "
               "(two pages of 50 via next_page_cursor), scored in the engine's order.", ""]
     return "\n".join(lines)
 
@@ -78,7 +89,8 @@ def plot(path: Path, results: Mapping[str, Any]) -> None:
     matplotlib.use("Agg")  # headless: never needs a display
     import matplotlib.pyplot as plt
 
-    runs: dict[str, Mapping[str, float]] = {f"engram {k}": v for k, v in results["runs"].items()}
+    runs: dict[str, Mapping[str, float]] = {(k if k == "baseline" else f"engram {k}"): v
+                                            for k, v in results["runs"].items()}
     peer = results.get("peer") or {}
     runs.update({f"{peer['name']} {k}": v for k, v in (peer.get("runs") or {}).items()})
     fig, ax = plt.subplots(figsize=(9, 5), dpi=110)

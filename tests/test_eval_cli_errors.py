@@ -70,6 +70,9 @@ def _broken_collections(data: Path) -> None:
     _collection(data / "qrels-empty", qrels="")
     _collection(data / "shelf" / "one")
     _collection(data / "shelf" / "two")
+    _collection(data / "deep" / "shelf" / "one")  # collections only two levels down
+    _collection(data / "mixed" / "good")  # a folder of collections with a broken one
+    _collection(data / "mixed" / "bad", qrels=None)
     (data / "a-file.txt").write_text("not a folder\n", encoding="utf-8")
 
 
@@ -113,8 +116,11 @@ CASES = [
     case("no-corpus", "eval --dataset {data}/no-corpus --out {out}", "not a BEIR collection: no corpus.jsonl ("),
     case("no-queries", "eval --dataset {data}/no-queries --out {out}", "not a BEIR collection: no queries.jsonl ("),
     case("no-qrels", "eval --dataset {data}/no-qrels --out {out}", "not a BEIR collection: no qrels/test.tsv ("),
-    case("folder-of-collections", "eval --dataset {data}/shelf --out {out}",
-         "is a folder of 2 collections (one, two), not a collection: pass one of them"),
+    case("folder-of-folders", "eval --dataset {data}/deep --out {out}",
+         "deep: holds collections only in sub-sub-folders (shelf/one): pass one of them, or a folder whose "
+         "sub-folders are collections, e.g. --dataset"),
+    case("folder-with-a-broken-collection", "eval --dataset {data}/mixed --out {out}",
+         "mixed/bad: not a BEIR collection: no qrels/test.tsv"),
     case("corpus-not-json", "eval --dataset {data}/bad-corpus --out {out}", "corpus.jsonl line 3: not valid JSON"),
     case("queries-not-json", "eval --dataset {data}/bad-queries --out {out}", "queries.jsonl line 2: not valid JSON"),
     case("qrels-reference-nothing", "eval --dataset {data}/qrels-nothing --out {out}",
@@ -132,6 +138,8 @@ CASES = [
     case("bench-resume-nothing", "bench --out {out} --resume", "--resume: no store to resume"),
     case("bench-dataset-does-not-exist", "bench --out {out} --dataset {data}/nowhere", "nowhere: does not exist"),
     case("bench-dataset-not-json", "bench --out {out} --dataset {data}/bad-corpus", "corpus.jsonl line 3"),
+    case("bench-folder-of-collections", "bench --out {out} --dataset {data}/shelf",
+         "is a folder of 2 collections (one, two), not a collection: pass one of them"),
 ]
 
 
@@ -257,7 +265,8 @@ def test_option_names_match_the_harness() -> None:
     """eval/options.py keeps its own copies (it must not import the engine side): they agree."""
     from engram_memory.eval.ingest import CHANNEL_SETS, MAPPINGS
 
-    assert options.CHANNEL_NAMES == tuple(CHANNEL_SETS)
+    assert options.ENGINE_CHANNELS == tuple(CHANNEL_SETS)
+    assert options.CHANNEL_NAMES == ("baseline", *CHANNEL_SETS)
     assert options.MAPPINGS == MAPPINGS
 
 
@@ -298,7 +307,7 @@ def test_bench_reports_progress_from_the_start(tmp_path: Path, offline_env: dict
 
 
 def test_eval_on_the_shipped_sample(tmp_path: Path, offline_env: dict[str, str]) -> None:
-    """The README's first command, from the clone: lexical, semantic and hybrid on eval/sample."""
+    """The README's first command, from the clone: the baseline, lexical, semantic and hybrid on eval/sample."""
     out = tmp_path / "out"
     argv = cli("eval", "--dataset", "eval/sample", "--out", str(out), "--threads", "1", "--no-latency",
                "--no-progress")
@@ -308,10 +317,13 @@ def test_eval_on_the_shipped_sample(tmp_path: Path, offline_env: dict[str, str])
     assert f"wrote {out / 'results.json'}" in done.stderr
     for name in ("results.json", "report.md", "report.png"):
         assert (out / name).stat().st_size > 0, name
-    for ch in ("lexical", "semantic", "hybrid"):
+    for ch in ("baseline", "lexical", "semantic", "hybrid"):
         trec = (out / "runs" / f"sample.{ch}.trec").read_text().splitlines()
         assert trec and len(trec[0].split()) == 6
     r = json.loads((out / "results.json").read_text())
+    assert list(r["runs"]) == ["baseline", "lexical", "semantic", "hybrid"]
+    assert (r["baseline"]["engine"], r["baseline"]["k1"], r["baseline"]["b"]) == ("bm25s", 0.9, 0.4)
+    assert set(r["runs"]["baseline"]) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
     assert (r["dataset"], r["docs"], r["queries"], r["admitted"], r["rejected"]) == ("sample", 90, 28, 90, [])
     contributed = {ch: [c["channel"] for c in rec["channels"] if c["contributed"]]
                    for ch, rec in r["receipts"].items()}
@@ -319,4 +331,5 @@ def test_eval_on_the_shipped_sample(tmp_path: Path, offline_env: dict[str, str])
     ndcg = {ch: scores["ndcg@10"] for ch, scores in r["runs"].items()}
     assert min(ndcg.values()) > 0.8, ndcg  # the sample is easy: every channel finds most answers
     assert ndcg["hybrid"] >= max(ndcg["lexical"], ndcg["semantic"]) - 0.02, ndcg
-    assert "| hybrid |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| hybrid |" in report and "| baseline |" in report and "lexical vs baseline: p = " in report

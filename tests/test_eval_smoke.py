@@ -63,9 +63,9 @@ def test_eval_smoke(tmp_path: Path) -> None:
     assert r["dataset"] == "scifact" and r["docs"] == 300 and r["queries"] == 100
     assert r["admitted"] + len(r["rejected"]) == 300
     assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert set(r["runs"]) == {"lexical", "semantic", "hybrid"}
+    assert set(r["runs"]) == {"baseline", "lexical", "semantic", "hybrid"}
     for ch, scores in r["runs"].items():
-        assert set(scores) == {"ndcg@10", "recall@100", "mrr@10", "map@100"}
+        assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
         assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
     # sane, not just bounded: the subset is easy, every channel must find most answers
     assert r["runs"]["lexical"]["ndcg@10"] > 0.6 and r["runs"]["semantic"]["ndcg@10"] > 0.6
