@@ -311,6 +311,15 @@ def adjudicate_cmd(
 # -- reading ------------------------------------------------------------------------------------
 
 
+def _one_scope(scope: str, data_dir: Path | None) -> tuple[str, Path]:
+    """The scope a per-scope listing reads, and its store (closed: no server holds it)."""
+    scope_ref = _scope_ref(scope)
+    assert scope_ref is not None
+    target = _target(data_dir)
+    _closed_store(target, scope_ref)
+    return scope_ref, target
+
+
 @admin_app.command("history")
 def history_cmd(
     scope: Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")],
@@ -319,10 +328,7 @@ def history_cmd(
     json_out: JsonOut = False,
 ) -> None:
     """A scope's journal: cursors, operations, ids, hashes and times (never content)."""
-    scope_ref = _scope_ref(scope)
-    assert scope_ref is not None
-    target = _target(data_dir)
-    _closed_store(target, scope_ref)
+    scope_ref, target = _one_scope(scope, data_dir)
     from engram_memory.store.history import journal
 
     events = journal(target, scope_ref, limit)
@@ -340,10 +346,7 @@ def candidates_cmd(
     json_out: JsonOut = False,
 ) -> None:
     """A scope's pending candidates: ids, principals, cursors, times, digests (never content)."""
-    scope_ref = _scope_ref(scope)
-    assert scope_ref is not None
-    target = _target(data_dir)
-    _closed_store(target, scope_ref)
+    scope_ref, target = _one_scope(scope, data_dir)
     from engram_memory.store.history import pending_candidates
 
     rows = pending_candidates(target, scope_ref)

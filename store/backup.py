@@ -48,6 +48,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
+from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
 from engram_memory.store.db import held_if_present
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
@@ -144,14 +145,6 @@ def ensure_store_id(con: duckdb.DuckDBPyConnection) -> str:
 # -- backup ------------------------------------------------------------------------------------
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
-
-
 def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
     """Write the backup tar of ``engine``'s store to ``out`` (0600); returns its manifest.
 
@@ -185,7 +178,7 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
             if path.is_file():
                 name = str(path.relative_to(staging))
                 path.write_bytes(seal(backup_key, path.read_bytes(), _member_aad(name)))
-        files = {str(p.relative_to(staging)): _sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(staging)): sha256_file(p) for p in sorted(staging.rglob("*")) if p.is_file()}
         files.update({name: "sha256:" + hashlib.sha256(blob).hexdigest() for name, blob in sorted(blobs.items())})
         manifest = {"format": FORMAT, "store_id": sid, "created_at": to_instant(wall_clock()),
                     "key_id": key_id(backup_key), "heads": heads, "files": files}
@@ -268,7 +261,7 @@ def extract_verified(backup: Path, backup_key: bytes, into: Path) -> dict[str, A
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "wb") as fh:
                     shutil.copyfileobj(source, fh)
-                if _sha256_file(target) != digest:
+                if sha256_file(target) != digest:
                     raise _invalid(f"{backup}: {name} does not match its digest (damaged)")
             return manifest
     except (tarfile.TarError, EOFError, OSError, KeyError, TypeError) as exc:
