@@ -584,12 +584,13 @@ class Summary:
         }
 
 
-_PER_CALL = frozenset({"rank_receipt", "issued_at", "receipt", "read_receipt", "packet_digest"})
+_PER_CALL = frozenset({"rank_receipt", "issued_at", "receipt", "read_receipt", "packet_digest",
+                       "response_digest", "next_page_cursor"})  # the last two cover the read instant too
 
 
 def _stable(value: Any) -> Any:
     """A read's value without what legitimately differs per call: receipts carry the read instant
-    (a get's ``read_receipt.valid_as_of``) and the packet digest covers its receipt."""
+    (``valid_as_of``), and the digests and page cursor that cover them differ with it."""
     if isinstance(value, dict):
         return {k: _stable(v) for k, v in value.items() if k not in _PER_CALL}
     if isinstance(value, list):

@@ -30,8 +30,6 @@ itself and does the same.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import hmac
 import io
@@ -41,7 +39,6 @@ import secrets
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +49,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
+from engram_memory.store.db import held_if_present
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 
@@ -299,23 +297,10 @@ def _refuse(message: str) -> AdminRefusal:
     return AdminRefusal(RESTORE_REFUSED, message)
 
 
-@contextlib.contextmanager
-def _dir_lock(data_dir: Path) -> Iterator[None]:
-    """Hold the data dir's advisory lock (the one a server takes) for the whole restore. Without
-    a lock file no server holds the directory, and none is created (a refusal changes nothing)."""
-    try:
-        fd = os.open(data_dir / ".lock", os.O_RDWR)
-    except (FileNotFoundError, NotADirectoryError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _refuse(f"data dir {data_dir} is in use by a running server; stop it first") from None
-        yield
-    finally:
-        os.close(fd)
+def _dir_lock(data_dir: Path) -> Any:
+    """The data dir's advisory lock for the whole restore (a refusal creates no lock file)."""
+    return held_if_present(
+        data_dir, lambda: _refuse(f"data dir {data_dir} is in use by a running server; stop it first"))
 
 
 def _check_target(data_dir: Path, manifest: dict[str, Any]) -> bool:

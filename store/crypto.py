@@ -107,14 +107,7 @@ class KeyStore:
         """Overwrite then unlink; True once the key is gone (also when it already was)."""
         path = self._path(key_ref)
         try:
-            size = path.stat().st_size
-            with open(path, "r+b") as fh:
-                fh.write(secrets.token_bytes(size))
-                fh.flush()
-                os.fsync(fh.fileno())
-            path.unlink()
-        except FileNotFoundError:
-            return True
+            shred(path)
         except OSError:
             return False
         return not path.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,26 @@ import duckdb
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.schema import migrate
+
+
+@contextmanager
+def held_if_present(data_dir: Path, busy: Callable[[], Exception]) -> Iterator[None]:
+    """Hold the data dir's advisory lock (the one a server takes) for a maintenance read or swap,
+    never creating it: without a lock file no server holds the directory, and a refusal must
+    change nothing. Raises ``busy()`` when a server holds it."""
+    try:
+        fd = os.open(data_dir / ".lock", os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy() from None
+        yield
+    finally:
+        os.close(fd)
 
 
 class StoreBusyError(RuntimeError):

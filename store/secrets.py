@@ -625,11 +625,23 @@ def _assignments(line: str) -> str | None:
     return None
 
 
+_PIN_VALUE = re.compile(r"[\"'`\u2018\u201c]?\d{3,12}[\"'`\u2019\u201d]?[.,;:!?)]*")
+
+
+def _not_a_pin(kw: str, val: str) -> bool:
+    """A PIN is digits: "the PIN is 4821" is a credential, "PIN endocytosis" (the PIN proteins of
+    plant biology, a SciFact document) is not."""
+    if not kw.lower().startswith("pin"):
+        return False
+    head = val.split(maxsplit=1)[0] if val.strip() else ""
+    return _PIN_VALUE.fullmatch(head) is None
+
+
 def _prose(line: str) -> str | None:
     for match in _PROSE.finditer(line):
         kw = match.group("kw")
         tier = _prose_tier(kw)
-        if tier is None:
+        if tier is None or _not_a_pin(kw, match.group("val")):
             continue
         conn = match.group("conn").lower()
         if _value_is_secret(match.group("val"), tier, prose=conn not in ("=", ":")):
@@ -637,7 +649,7 @@ def _prose(line: str) -> str | None:
     for index, pattern in enumerate(_PROSE_REVERSED):
         for match in pattern.finditer(line):
             tier = _prose_tier(match.group("kw"))
-            if tier is None:
+            if tier is None or _not_a_pin(match.group("kw"), match.group("val")):
                 continue
             if index == 5:  # adjacency of a token word: the shape alone must say "token"
                 if _strong_token(match.group("val").rstrip(_TRAIL)):

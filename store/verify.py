@@ -25,13 +25,9 @@ Problems are plain sentences naming scopes, ids and counts, never record content
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -43,11 +39,11 @@ from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_dig
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
 from engram_memory.store.crypto import KeyStore, open_sealed
-from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.db import Database, StoreBusyError, held_if_present
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
-from engram_memory.store.rebuild import LOCK_FILE, STORE_FILE, build_aside, compare_projections, existing_scopes
+from engram_memory.store.rebuild import STORE_FILE, build_aside, compare_projections, existing_scopes
+from engram_memory.store.refusals import JOURNAL_CORRUPT
 
-JOURNAL_CORRUPT = "JOURNAL_CORRUPT"
 MAX_LISTED = 10  # per check and scope: beyond that, a count
 # Fields a record adds to its payload (store/lifecycle.py _build_record).
 RECORD_FIELDS = frozenset({"payload_digest", "recorded_at", "recorded_cursor", "authorization_receipt_digest",
@@ -101,22 +97,10 @@ class _Rows:
         return self.con.execute(sql, params or []).fetchall()
 
 
-@contextmanager
-def _held(data_dir: Path) -> Iterator[None]:
+def _held(data_dir: Path) -> Any:
     """Hold the store's advisory lock (never creating it): no server starts while we read."""
-    try:
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process") from None
-        yield
-    finally:
-        os.close(fd)
+    return held_if_present(data_dir, lambda: StoreBusyError(
+        f"data directory {data_dir} is in use by another engram-memory process"))
 
 
 def _listed(problems: list[str], what: str, ids: list[str]) -> None:

@@ -17,9 +17,9 @@ forward). Every answer is compared with the plain-Python model in tests/contract
   current records of the scope holding it (all pages, with their texts);
 * after every step the scope's current records and candidate count match the model.
 
-CI runs a few examples. The long run (about 500 sequences of 30 steps)::
+CI runs a few examples. The long run (300 sequences of up to 30 steps, about 3 minutes)::
 
-    ENGRAM_STATE_MACHINE_EXAMPLES=500 python -m pytest -q -s -p no:cacheprovider tests/test_state_machine.py
+    ENGRAM_STATE_MACHINE_EXAMPLES=300 python -m pytest -q -s -p no:cacheprovider tests/test_state_machine.py
 
 (``ENGRAM_STATE_MACHINE_STEPS`` sets the steps per sequence; ``-s`` shows the step count.)
 """
