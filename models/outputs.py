@@ -143,6 +143,7 @@ class Fusion(Closed):
     method: FusionMethodName
     k: Rank = ABSENT
     weights: FusionWeights = ABSENT
+    semantic_floor: Score = ABSENT
 
 
 class ChannelRank(Closed):
