@@ -13,8 +13,8 @@ per conversation and as the mean, variants of what the record carries:
 
 The channels are the engine's own: retrieval/lexical.py's :class:`LexicalIndex` (analyzer, fields,
 weights, query) in a temporary directory, the packaged model through retrieval/embedder.py, exact
-cosine as the vector index ranks below its HNSW threshold, and retrieval/fusion.py's ``convex``
-0.5/0.5 (the engine's default) for the hybrid. Every run is top-1000 and breaks ties on the
+cosine as the vector index ranks below its HNSW threshold, and retrieval/ranking.py's ``rank`` with
+the engine's default fusion and semantic floor for the hybrid. Every run is top-1000 and breaks ties on the
 record. Output: ``OUT/memory-study.md`` and ``OUT/memory-study.json``.
 """
 
@@ -129,13 +129,11 @@ class Vectors:
 
 
 def hybrid(lex: Run, sem: Run) -> Run:
-    from engram_memory.retrieval import fusion
+    """The engine's own ranking step (retrieval/ranking.py): its default fusion, then its floor."""
+    from engram_memory.retrieval.ranking import FusionConfig, rank
 
-    out: Run = {}
-    for qid in sem:
-        channels = {"lexical": lex.get(qid, []), "semantic": sem[qid]}
-        out[qid] = fusion.convex({k: v for k, v in channels.items() if v}, {"lexical": 0.5, "semantic": 0.5})[:DEPTH]
-    return out
+    config = FusionConfig()
+    return {qid: rank({"lexical": lex.get(qid, []), "semantic": sem[qid]}, config).fused[:DEPTH] for qid in sem}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,19 +7,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engram_memory.models.limits import RRF_K, SEMANTIC_FLOOR
-from engram_memory.models.states import NO_FUSION, FusionMethod
+from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, NO_FUSION, FusionMethod
 from engram_memory.retrieval import fusion as fusion_fns
 
 
 @dataclass(frozen=True)
 class FusionConfig:
-    method: str = FusionMethod.CONVEX.value
+    method: str = DEFAULT_FUSION.value
     k: int = RRF_K
-    weights: Mapping[str, float] = field(default_factory=lambda: {"lexical": 0.5, "semantic": 0.5})
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(zip(("lexical", "semantic"),
+                                                                          DEFAULT_FUSION_WEIGHTS, strict=True)))
     semantic_floor: float = SEMANTIC_FLOOR
 
-    def describe(self, fused: bool, semantic: bool = False) -> dict[str, Any]:
-        """What the receipt names: the method and its parameters, and the floor when semantic ranked."""
+    def describe(self, fused: bool, floored: bool = False) -> dict[str, Any]:
+        """What the receipt names: the method and its parameters, and the floor when it applied."""
         out: dict[str, Any]
         if not fused:
             out = {"method": NO_FUSION}
@@ -28,7 +29,7 @@ class FusionConfig:
         else:
             out = {"method": self.method, "weights": {"lexical": self.weights["lexical"],
                                                       "semantic": self.weights["semantic"]}}
-        if semantic:
+        if floored:
             out["semantic_floor"] = self.semantic_floor
         return out
 
@@ -92,9 +93,13 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
 
 
 def weak_semantic(channels: Mapping[str, list[tuple[str, float]]], floor: float) -> set[str]:
-    """Ids only the semantic channel found, with a cosine below ``floor``."""
+    """Ids only the semantic channel found, with a cosine below ``floor``.
+
+    Only when the lexical channel ranked too: "found by no query word" needs it to have looked
+    (a semantic-only configuration, as the evaluation scores the channel alone, is not floored).
+    """
     semantic = channels.get("semantic", ())
-    if not semantic or semantic[-1][1] >= floor:  # sorted by -score: the last is the lowest
+    if "lexical" not in channels or not semantic or semantic[-1][1] >= floor:  # the last is the lowest
         return set()
     lexical = {rid for rid, _ in channels.get("lexical", ())}
     return {rid for rid, score in semantic if score < floor and rid not in lexical}

@@ -128,7 +128,7 @@ class ReadPath:
         shown = page[:len(packets)]
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
-        fusion = self.fusion.describe(fused, "semantic" in hits)
+        fusion = self.fusion.describe(fused, floored="semantic" in hits and "lexical" in hits)
         receipt: dict[str, Any] = {
             "request_digest": request_digest,
             "profile": profile,

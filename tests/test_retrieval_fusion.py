@@ -141,7 +141,7 @@ def test_rank_drops_semantic_only_hits_below_the_floor() -> None:
     # "d" is semantic-only and below the floor; "c" is below it too but the lexical channel found it
     assert kept.ids == [rid for rid in loose.ids if rid != "d"]
     assert dict(kept.fused) == {rid: s for rid, s in loose.fused if rid != "d"}
-    assert rank({"semantic": [("a", 0.1), ("b", 0.05)]}, config).ids == []
+    assert rank({"semantic": [("a", 0.1), ("b", 0.05)]}, config).ids == ["a", "b"]  # no lexical channel ran
     assert rank({"lexical": [], "semantic": [("a", 0.1)]}, config).ids == []
     assert config.describe(True, True)["semantic_floor"] == 0.2
     assert "semantic_floor" not in config.describe(False, False)
