@@ -12,7 +12,8 @@ scores, by nDCG@10 (and Recall@10/100 in the JSON):
   fields the engine derives from an eval capture (store/lifecycle.py ``lexical_fields``): with the
   ``single`` mapping ``primary`` and ``context`` both hold title + text, ``citations`` the
   ``beir:<collection>:<doc id>`` source ref;
-* Tantivy variants that change one factor of "lexical now" at a time (stopwords, stemming,
+* Tantivy variants that change one factor of "lexical v1" (the channel before stop words) at a
+  time (stopwords, stemming,
   tokenization, fields and weights, query construction), built in-process with tantivy-py the way
   LexicalIndex builds its index and query;
 * bm25s variants that separate the one factor Tantivy cannot change -- its BM25 k1/b, fixed at
@@ -41,6 +42,7 @@ import numpy as np
 
 from engram_memory.eval import baseline, metrics
 from engram_memory.eval.beir import Collection, Doc, collection_folders, load_collection
+from engram_memory.retrieval.lexical import STOPWORDS
 
 DEPTH = 1000
 METRICS = ("ndcg@10", "recall@10", "recall@100")
@@ -215,7 +217,8 @@ def _tantivy(setup: TantivySetup) -> Callable[[Collection], Run]:
     return make
 
 
-NOW = TantivySetup()
+V1 = TantivySetup()  # the channel before stop words: every "one factor" variant below starts here
+NOW = TantivySetup(stopwords=STOPWORDS)  # the shipped channel (retrieval/lexical.py)
 BM25S_ANALYZER = dict(tokenizer=r"\w\w+", stopwords=_stop("en"))  # bm25s' tokens in Tantivy
 
 
@@ -229,7 +232,9 @@ def variants() -> list[Variant]:
                 lambda c: lexical_now(c)[0]),
         Variant("study harness = now", "reference", "this script's Tantivy build with the shipped settings "
                 "(must equal lexical now)", _tantivy(NOW)),
-        # one factor at a time, from "lexical now"
+        Variant("lexical v1", "reference", "the channel before the stop words (tantivy's en_stem analyzer); "
+                "the variants below change one factor of it", _tantivy(V1)),
+        # one factor at a time, from "lexical v1"
         Variant("+stopwords", "analyzer", "bm25s' 33 English stopwords (= tantivy's english list)",
                 _tantivy(TantivySetup(stopwords=en))),
         Variant("+stopwords en_plus", "analyzer", "a longer list (bm25s STOPWORDS_EN_PLUS: what, did, how, ...)",
@@ -254,7 +259,7 @@ def variants() -> list[Variant]:
                 _tantivy(TantivySetup(max_query_terms=8))),
         # k1/b: fixed in Tantivy, so measured with bm25s
         Variant("bm25s tantivy-like", "k1/b", "bm25s with the channel's tokens (1-char kept, no stopwords), "
-                "distinct terms, k1 1.2 b 0.75: emulates lexical now",
+                "distinct terms, k1 1.2 b 0.75: emulates lexical v1",
                 lambda c: bm25s_run(c, 1.2, 0.75, None, TANTIVY_LIKE_TOKENS, distinct=True)),
         Variant("bm25s tantivy-like k1 .9 b .4", "k1/b", "the same with the baseline's k1 0.9, b 0.4",
                 lambda c: bm25s_run(c, 0.9, 0.4, None, TANTIVY_LIKE_TOKENS, distinct=True)),
@@ -305,7 +310,7 @@ def study(paths: Sequence[Path], chosen: Sequence[Variant], progress: bool = Tru
                 print(f"{name:>18} {v.name:<40} ndcg@10 {row['scores'][v.name]['ndcg@10']:.4f}", file=sys.stderr,
                       flush=True)
         # what max_query_terms would have to be to bind: the most distinct terms of any query
-        analyzer = NOW.analyzer()
+        analyzer = V1.analyzer()
         row["max_distinct_query_terms"] = max((len(set(analyzer.analyze(q))) for q in col.queries.values()),
                                               default=0)
         results["collections"][name] = row

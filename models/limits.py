@@ -38,6 +38,9 @@ EXECUTION_WINDOW_S: Final = 30  # the engine call must start within 30 s of the 
 # ---- retrieval ------------------------------------------------------------------------------
 RRF_K: Final = 60  # the classic reciprocal-rank-fusion constant (Cormack et al. 2009)
 CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
+# A record only the semantic channel found is shown only at this cosine or above, so a query
+# like nothing stored answers []: chosen on the development collections (eval/fusion-study.md).
+SEMANTIC_FLOOR: Final = 0.3
 # Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
 HNSW_THRESHOLD: Final = 50_000
 # torch intra-op threads per encode: one lets concurrent searches run on separate cores

@@ -130,6 +130,7 @@ class ChannelReceipt(Closed):
     engine_version: str
     index_kind: Literal["bm25", "exact", "hnsw", "none"]
     index_cursor: Cursor
+    analyzer: str = ABSENT  # the lexical channel's analyzer (its name changes with its tokens)
     model_id: str = ABSENT
     model_digest: Digest = ABSENT
 
@@ -143,6 +144,7 @@ class Fusion(Closed):
     method: FusionMethodName
     k: Rank = ABSENT
     weights: FusionWeights = ABSENT
+    semantic_floor: Score = ABSENT
 
 
 class ChannelRank(Closed):

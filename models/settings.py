@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engram_memory.models.context import HostPolicy
-from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K
-from engram_memory.models.states import FusionMethod
+from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K, SEMANTIC_FLOOR
+from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, FusionMethod
 
 Channel = Literal["lexical", "semantic"]
 CHANNELS: tuple[Channel, ...] = ("lexical", "semantic")
@@ -39,14 +39,17 @@ class EngineSettings(BaseModel):
     data_dir: Path = Field(default_factory=default_data_dir, description="Store directory (one server at a time).")
     model_path: Path | None = Field(default=None, description="Local embedding model directory.")
     semantic: bool = Field(default=True, description="Load the embedding model (semantic channel).")
-    # convex 0.5/0.5 won the evaluation (eval/RESULTS.md)
     fusion: FusionMethod = Field(
-        default=FusionMethod.CONVEX,
+        default=DEFAULT_FUSION,
         description="Rank fusion: " + ", ".join(list(FusionMethod)[:-1]) + " or " + list(FusionMethod)[-1] + ".",
     )
     rrf_k: int = Field(default=RRF_K, description="RRF constant k.")
     fusion_weights: tuple[float, float] = Field(
-        default=(0.5, 0.5), description="lexical, semantic (score-based fusion)."
+        default=DEFAULT_FUSION_WEIGHTS, description="lexical, semantic (score-based fusion)."
+    )
+    semantic_floor: float = Field(
+        default=SEMANTIC_FLOOR, ge=-1.0, le=1.0,
+        description="Cosine below which a hit only the semantic channel found is not returned.",
     )
     encode_threads: int | None = Field(
         default=ENCODE_THREADS,

@@ -6,24 +6,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engram_memory.models.limits import RRF_K
-from engram_memory.models.states import NO_FUSION, FusionMethod
+from engram_memory.models.limits import RRF_K, SEMANTIC_FLOOR
+from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, NO_FUSION, FusionMethod
 from engram_memory.retrieval import fusion as fusion_fns
 
 
 @dataclass(frozen=True)
 class FusionConfig:
-    method: str = FusionMethod.CONVEX.value
+    method: str = DEFAULT_FUSION.value
     k: int = RRF_K
-    weights: Mapping[str, float] = field(default_factory=lambda: {"lexical": 0.5, "semantic": 0.5})
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(zip(("lexical", "semantic"),
+                                                                          DEFAULT_FUSION_WEIGHTS, strict=True)))
+    semantic_floor: float = SEMANTIC_FLOOR
 
-    def describe(self, fused: bool) -> dict[str, Any]:
+    def describe(self, fused: bool, floored: bool = False) -> dict[str, Any]:
+        """What the receipt names: the method and its parameters, and the floor when it applied."""
+        out: dict[str, Any]
         if not fused:
-            return {"method": NO_FUSION}
-        if self.method == FusionMethod.RRF:
-            return {"method": FusionMethod.RRF.value, "k": self.k}
-        return {"method": self.method, "weights": {"lexical": self.weights["lexical"],
-                                                   "semantic": self.weights["semantic"]}}
+            out = {"method": NO_FUSION}
+        elif self.method == FusionMethod.RRF:
+            out = {"method": FusionMethod.RRF.value, "k": self.k}
+        else:
+            out = {"method": self.method, "weights": {"lexical": self.weights["lexical"],
+                                                      "semantic": self.weights["semantic"]}}
+        if floored:
+            out["semantic_floor"] = self.semantic_floor
+        return out
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,9 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
     """Fuse the contributing channels; a single channel keeps its own order and raw score.
 
     Every input list is already sorted (-score, record_id) with unique ids -- the indexes return
-    them so -- and the output is sorted the same way.
+    them so -- and the output is sorted the same way. Then a hit only the semantic channel found
+    whose cosine is below ``config.semantic_floor`` is dropped (the fused scores of the others do
+    not move): nothing lexical and nothing close means "no match", an empty answer.
     """
     if not channels:
         return Ranking([], channels)
@@ -78,4 +88,18 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
         fused = fusion_fns.convex(channels, weights=dict(config.weights), checked=False)
     else:
         raise ValueError(f"unknown fusion method {config.method}")
-    return Ranking(list(fused), channels)
+    weak = weak_semantic(channels, config.semantic_floor)
+    return Ranking([hit for hit in fused if hit[0] not in weak] if weak else list(fused), channels)
+
+
+def weak_semantic(channels: Mapping[str, list[tuple[str, float]]], floor: float) -> set[str]:
+    """Ids only the semantic channel found, with a cosine below ``floor``.
+
+    Only when the lexical channel ranked too: "found by no query word" needs it to have looked
+    (a semantic-only configuration, as the evaluation scores the channel alone, is not floored).
+    """
+    semantic = channels.get("semantic", ())
+    if "lexical" not in channels or not semantic or semantic[-1][1] >= floor:  # the last is the lowest
+        return set()
+    lexical = {rid for rid, _ in channels.get("lexical", ())}
+    return {rid for rid, score in semantic if score < floor and rid not in lexical}

@@ -39,7 +39,12 @@ DESCRIPTIONS: dict[str, str] = {
         " with citations, scores and a rank receipt. Search BEFORE you capture: if an equivalent record"
         " exists, cite its record_id instead of capturing again. Only accepted, current records are"
         " returned; pending candidates never are. purpose_ref must be the purpose your host gave you."
-        " An empty records list means no match. STALE_PAGE: search again without page_cursor;"
+        " Channels: the lexical (BM25) channel always ranks; the semantic channel ranks too whenever the"
+        " model is ready, also under minimum_channels \"lexical\" (a minimum, not a limit: the receipt's"
+        " profile and channels say which ran), and minimum_channels \"lexical_and_semantic\" answers"
+        " RANKING_UNAVAILABLE instead of ranking without it. A record only the semantic channel found is"
+        " returned only at or above the receipt's semantic_floor cosine, so an empty records list means"
+        " no match: nothing with a query word and nothing close. STALE_PAGE: search again without page_cursor;"
         " RESULT_TOO_LARGE or PROJECTION_OVERSIZED: lower limit or adjust max_packet_bytes."
     ),
     "get": (

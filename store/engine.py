@@ -88,6 +88,7 @@ class Engine:
             method=config.fusion,
             k=config.rrf_k,
             weights={"lexical": config.fusion_weights[0], "semantic": config.fusion_weights[1]},
+            semantic_floor=config.semantic_floor,
         )
         self.projections = Projections(
             config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=lexical

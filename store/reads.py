@@ -128,13 +128,14 @@ class ReadPath:
         shown = page[:len(packets)]
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
+        fusion = self.fusion.describe(fused, floored="semantic" in hits and "lexical" in hits)
         receipt: dict[str, Any] = {
             "request_digest": request_digest,
             "profile": profile,
             "profile_version": PROFILE_VERSION,
             "profile_config_digest": profile_config_digest(
                 profile=profile, channel_depth=CHANNEL_DEPTH, lexical=self.projections.lexical_description(),
-                fusion=self.fusion.describe(fused), channels=self.channels, semantic_receipt=receipts[1],
+                fusion=fusion, channels=self.channels, semantic_receipt=receipts[1],
                 hnsw_threshold=self.projections.hnsw_threshold,
             ),
             "valid_as_of": valid_as_of,
@@ -143,7 +144,7 @@ class ReadPath:
             "candidate_ids_digest": receipt_digest("recall-candidates", {"candidate_ids": sorted(eligible)}),
             "ordered_ids_digest": ordered_digest,
             "channels": receipts,
-            "fusion": self.fusion.describe(fused),
+            "fusion": fusion,
             "ranked": [ranked_entry(h, p["rank"]) for h, p in zip(shown, packets, strict=True)],
             "issued_at": to_instant(now),
         }

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
+from engram_memory.models.limits import SEMANTIC_FLOOR
 from tests.conftest import (
     ALL,
     CONTEXT,
@@ -182,7 +183,7 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
         value = hybrid["output"]["value"]
         receipt = value["rank_receipt"]
         assert receipt["profile"] == "hybrid_v1"
-        assert receipt["fusion"] == {"method": "rrf", "k": 60}
+        assert receipt["fusion"] == {"method": "rrf", "k": 60, "semantic_floor": SEMANTIC_FLOOR}
         lex, sem = receipt["channels"]
         assert (lex["channel"], lex["contributed"], lex["engine"], lex["index_kind"]) == (
             "lexical", True, "tantivy", "bm25")
@@ -222,13 +223,15 @@ async def test_dbsf_selected_by_the_host_fuses_unclipped_scores_from_the_receipt
     """``--fusion dbsf`` over MCP: every fused score re-derives from the receipt's raw channel scores."""
     import statistics
 
-    async with start_server(data_dir_factory("dbsf"), extra=["--fusion", "dbsf"]) as mcp:
+    # The floor off (-1): every record is a hit, so the receipt lists every score the statistics use.
+    async with start_server(data_dir_factory("dbsf"), extra=["--fusion", "dbsf", "--semantic-floor", "-1"]) as mcp:
         target_id = await admit(mcp, TARGET)
         for text in OTHERS:
             await admit(mcp, text)
         hybrid, _ = await hybrid_when_ready(mcp, "cat on the mat by the window")
         receipt = hybrid["output"]["value"]["rank_receipt"]
-        assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5}}
+        assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5},
+                                     "semantic_floor": -1.0}
         ranked = receipt["ranked"]
         assert len(ranked) == 6 and ranked[0]["record_id"] == target_id  # limit 10: every hit is listed
         norm: dict[str, dict[str, float]] = {}

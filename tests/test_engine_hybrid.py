@@ -14,6 +14,7 @@ import pytest
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.errors import EngramError
+from engram_memory.models.limits import SEMANTIC_FLOOR
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.vectors import normalize_rows
@@ -69,13 +70,47 @@ def test_semantic_finds_records_sharing_no_word(built) -> None:
     top = [p["record"]["record_id"] for p in value["records"][:2]]
     assert set(top) == {ids[0], ids[3]}
     receipt = value["rank_receipt"]
-    # the evaluated default: min-max convex fusion, equal weights
+    # the evaluated default: DBSF, equal weights (eval/fusion-study.md), and the semantic floor
     assert receipt["profile"] == "hybrid_v1"
-    assert receipt["fusion"] == {"method": "convex", "weights": {"lexical": 0.5, "semantic": 0.5}}
+    assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5},
+                                 "semantic_floor": SEMANTIC_FLOOR}
     semantic = receipt["channels"][1]
     assert semantic["contributed"] and semantic["index_kind"] == "exact" and semantic["engine"] == "numpy"
     assert semantic["model_id"].endswith("all-MiniLM-L6-v2") and semantic["model_digest"].startswith("sha256:")
     assert all("semantic" in r for r in receipt["ranked"])
+
+
+@pytest.mark.parametrize("query", ["?!*:()", "the of and", "zebra xylophone quantum"])
+def test_nothing_like_it_stored_is_an_empty_answer(built, query: str) -> None:
+    """No query word in any record and no close vector: [] under both policies, receipt honest."""
+    engine, _ids, _ = built
+    for policy in (HYBRID, {"minimum_channels": "lexical", "network": "forbid"}):
+        value = search(engine, query, capability_policy=policy)
+        assert value["records"] == [] and "next_page_cursor" not in value
+        receipt = value["rank_receipt"]
+        assert receipt["profile"] == "hybrid_v1"  # the semantic channel ran under "lexical" too
+        assert receipt["fusion"]["semantic_floor"] == SEMANTIC_FLOOR
+
+
+def test_semantic_only_hits_below_the_floor_are_dropped(built, tmp_path: Path) -> None:
+    """The floor drops only semantic-only hits below it; the others keep their fused order and score."""
+    engine, ids, _ = built
+    value = search(engine, "feline resting", capability_policy=HYBRID)
+    ranked = value["rank_receipt"]["ranked"]
+    assert ranked and all(r["semantic"]["score"] >= SEMANTIC_FLOOR or "lexical" in r for r in ranked)
+    assert len(ranked) < len(ids)  # the unrelated records fall below it
+    loose = Engine.open(EngineSettings(data_dir=tmp_path / "loose", semantic_floor=-1.0), clock=lambda: T0)
+    try:
+        assert loose.wait_semantic(180)
+        for i, text in enumerate(DOCS):
+            cap = call(loose, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+            call(loose, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+        everything = search(loose, "feline resting", capability_policy=HYBRID)["rank_receipt"]["ranked"]
+    finally:
+        loose.close()
+    assert len(everything) == len(ids)
+    kept = [(r["record_id"], r["score"]) for r in everything if r["semantic"]["score"] >= SEMANTIC_FLOOR]
+    assert [(r["record_id"], r["score"]) for r in ranked] == kept
 
 
 @pytest.mark.parametrize("hnsw_threshold", [50_000, 3], ids=["exact", "hnsw"])

@@ -94,7 +94,7 @@ CASES = [
     case("channels-unknown", GOOD + " --channels lexical,dense", "--channels: unknown channel 'dense'"),
     case("rrf-k-zero", GOOD + " --fusion rrf --rrf-k 0", "--rrf-k takes a whole number >= 1, got 0"),
     case("rrf-k-text", GOOD + " --fusion rrf --rrf-k abc", "--rrf-k takes a whole number >= 1, got 'abc'"),
-    case("rrf-k-without-rrf", GOOD + " --rrf-k 10", "--rrf-k is the RRF constant; the fusion is convex"),
+    case("rrf-k-without-rrf", GOOD + " --rrf-k 10", "--rrf-k is the RRF constant; the fusion is dbsf"),
     case("weights-one-number", GOOD + " --weights 0.5", "--weights takes two numbers lexical,semantic"),
     case("weights-with-rrf", GOOD + " --fusion rrf --weights 0.4,0.6", "RRF takes no weights"),
     case("fusion-without-hybrid", GOOD + " --channels lexical --fusion dbsf", "only changes the hybrid run"),

@@ -38,7 +38,7 @@ def test_query_construction_factors() -> None:
     col = load_collection(SAMPLE)
     t = ls.TantivyRun(ls.TantivySetup(repeats=True), col)
     assert t.terms("backup the backup of backups")["backup"] == 3
-    distinct = ls.TantivyRun(ls.NOW, col)
+    distinct = ls.TantivyRun(ls.V1, col)
     assert distinct.terms("backup the backup of backups") == {"backup": 1, "the": 1, "of": 1}
     capped = ls.TantivyRun(ls.TantivySetup(max_query_terms=2), col)
     assert set(capped.terms("alpha beta gamma delta")) == {"alpha", "beta"}  # the first 2 by appearance

@@ -6,6 +6,8 @@ from typing import Any
 
 from engram_memory.eval.tune import GRID, SHIPPED, choose
 
+CHALLENGER = "convex 0.5/0.5"  # any grid row but the shipped one
+
 
 def _collection(ndcg: dict[str, float], p_vs_default: dict[str, float]) -> dict[str, Any]:
     scores = {"lexical": {"ndcg@10": 0.50}, "semantic": {"ndcg@10": 0.55}}
@@ -18,28 +20,39 @@ def _collection(ndcg: dict[str, float], p_vs_default: dict[str, float]) -> dict[
 
 
 def test_shipped_default_matches_engine_config() -> None:
-    assert SHIPPED == "convex 0.5/0.5"
+    assert SHIPPED == "dbsf"
 
 
 def test_higher_mean_without_significance_keeps_the_default() -> None:
-    per = {"a": _collection({"dbsf": 0.62}, {"dbsf": 0.3}), "b": _collection({"dbsf": 0.61}, {"dbsf": 0.2})}
+    per = {
+        "a": _collection({CHALLENGER: 0.62}, {CHALLENGER: 0.3}),
+        "b": _collection({CHALLENGER: 0.61}, {CHALLENGER: 0.2}),
+    }
     choice = choose(per)
-    assert choice["best"] == SHIPPED and choice["best_mean"] == "dbsf"
+    assert choice["best"] == SHIPPED and choice["best_mean"] == CHALLENGER
 
 
 def test_significant_robust_gain_replaces_the_default() -> None:
-    per = {"a": _collection({"dbsf": 0.66}, {"dbsf": 0.01}), "b": _collection({"dbsf": 0.61}, {"dbsf": 0.4})}
-    assert choose(per)["best"] == "dbsf"
+    per = {
+        "a": _collection({CHALLENGER: 0.66}, {CHALLENGER: 0.01}),
+        "b": _collection({CHALLENGER: 0.61}, {CHALLENGER: 0.4}),
+    }
+    assert choose(per)["best"] == CHALLENGER
 
 
 def test_a_significant_loss_anywhere_disqualifies() -> None:
-    per = {"a": _collection({"dbsf": 0.70}, {"dbsf": 0.001}),
-           "b": _collection({"dbsf": 0.56, SHIPPED: 0.60}, {"dbsf": 0.01})}
-    row = next(r for r in choose(per)["table"] if r["config"] == "dbsf")
+    per = {
+        "a": _collection({CHALLENGER: 0.70}, {CHALLENGER: 0.001}),
+        "b": _collection({CHALLENGER: 0.56, SHIPPED: 0.60}, {CHALLENGER: 0.01}),
+    }
+    row = next(r for r in choose(per)["table"] if r["config"] == CHALLENGER)
     assert row["significantly_worse_than_default"] == ["b"]
     assert choose(per)["best"] == SHIPPED
 
 
 def test_a_challenger_that_loses_to_a_channel_is_not_chosen() -> None:
-    per = {"a": _collection({"dbsf": 0.90}, {"dbsf": 0.001}), "b": _collection({"dbsf": 0.52}, {"dbsf": 0.9})}
+    per = {
+        "a": _collection({CHALLENGER: 0.90}, {CHALLENGER: 0.001}),
+        "b": _collection({CHALLENGER: 0.52}, {CHALLENGER: 0.9}),
+    }
     assert choose(per)["best"] == SHIPPED

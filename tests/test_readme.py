@@ -151,3 +151,31 @@ def test_the_eval_sample_named_in_the_readme_is_in_the_clone() -> None:
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "README.md"):
         assert (dataset / name).is_file(), name
     # The run itself is tests/test_eval_cli_errors.py's positive case (same command, one thread).
+
+
+def test_the_documented_search_floor_and_fusion_are_the_engine_defaults() -> None:
+    """The README and the search tool's description state the floor and the default fusion the engine uses."""
+    from engram_memory.models.limits import SEMANTIC_FLOOR
+    from engram_memory.models.settings import EngineSettings
+    from engram_memory.server.tools import DESCRIPTIONS
+
+    assert f"cosine ≥ {SEMANTIC_FLOOR}" in README and "semantic_floor" in DESCRIPTIONS["search"]
+    lexical, semantic = EngineSettings().fusion_weights
+    assert EngineSettings().fusion == "dbsf" and f"**DBSF, weights {lexical}/{semantic}**" in README
+
+
+def test_readme_python_modules_take_their_flags(offline_env: dict[str, str]) -> None:
+    """Every `python -m engram_memory.<module> --flag` in the README runs --help and knows the flag."""
+    seen = 0
+    for block in blocks("bash"):
+        for line in block.splitlines():
+            words = shlex.split(line.split("  #")[0], comments=True)
+            if words[:2] != ["python", "-m"] or len(words) < 3 or not words[2].startswith("engram_memory."):
+                continue
+            done = subprocess.run([sys.executable, "-m", words[2], "--help"], env={**offline_env, "COLUMNS": "300"},
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (words[2], done.stderr)
+            for flag in (w for w in words[3:] if w.startswith("--")):
+                assert flag.split("=")[0] in done.stdout, (words[2], flag)
+            seen += 1
+    assert seen >= 3

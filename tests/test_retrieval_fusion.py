@@ -128,3 +128,20 @@ def test_fusions_are_deterministic_and_canonical(channels: dict[str, list[tuple[
         assert out == sorted(out, key=lambda h: (-h[1], h[0]))
         assert {rid for rid, _ in out} == union
         assert all(math.isfinite(s) for _, s in out)
+
+
+def test_rank_drops_semantic_only_hits_below_the_floor() -> None:
+    from engram_memory.retrieval.ranking import FusionConfig, rank
+
+    channels = {"lexical": [("b", 2.0), ("c", 1.0)],
+                "semantic": [("a", 0.9), ("b", 0.3), ("c", 0.05), ("d", 0.01)]}
+    config = FusionConfig(semantic_floor=0.2)
+    loose = rank(channels, FusionConfig(semantic_floor=-1.0))
+    kept = rank(channels, config)
+    # "d" is semantic-only and below the floor; "c" is below it too but the lexical channel found it
+    assert kept.ids == [rid for rid in loose.ids if rid != "d"]
+    assert dict(kept.fused) == {rid: s for rid, s in loose.fused if rid != "d"}
+    assert rank({"semantic": [("a", 0.1), ("b", 0.05)]}, config).ids == ["a", "b"]  # no lexical channel ran
+    assert rank({"lexical": [], "semantic": [("a", 0.1)]}, config).ids == []
+    assert config.describe(True, True)["semantic_floor"] == 0.2
+    assert "semantic_floor" not in config.describe(False, False)

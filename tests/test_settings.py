@@ -30,7 +30,7 @@ def toml(tmp_path: Path, text: str) -> Path:
 
 def test_engine_defaults_are_written_once() -> None:
     s = EngineSettings()
-    assert s.fusion == FusionMethod.CONVEX and type(s.fusion) is str  # plain string for receipts
+    assert s.fusion == FusionMethod.DBSF and type(s.fusion) is str  # plain string for receipts
     assert s.rrf_k == RRF_K == 60 and s.hnsw_threshold == HNSW_THRESHOLD == 50_000
     assert s.channels == ("lexical", "semantic") and s.fusion_weights == (0.5, 0.5)
     assert s.host_policy() == HostPolicy()
@@ -119,4 +119,4 @@ def test_serve_help_shows_model_defaults() -> None:
 
     out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     assert "RRF constant k." in out and f"({RRF_K})" in out
-    assert "(<= 300)" in out and "(convex)" in out and "(scope_ref)" in out
+    assert "(<= 300)" in out and "(dbsf)" in out and "(scope_ref)" in out
