@@ -19,6 +19,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from engram_memory.retrieval._files import fsync_dir
+
 NONCE = 12
 ROTATION_DIR = "rotate"  # a master-key rotation in progress (see KeyStore.rotate)
 COMMITTED = "COMMITTED"
@@ -157,7 +159,7 @@ class KeyStore:
                 os.close(fd)
         os.sync()  # every staged key on disk before the commit marker (one sync, not one per key)
         _write_private(stage / COMMITTED, b"1")
-        _fsync_dir(stage)
+        fsync_dir(stage)
         return len(staged)
 
     def sweep_orphans(self, referenced: set[str]) -> int:
@@ -172,14 +174,6 @@ class KeyStore:
         return removed
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def finish_rotation(data_dir: Path) -> None:
     """Complete a committed master-key rotation, or discard an uncommitted one (idempotent: a
     crash at any step of this function is finished by the next call)."""
@@ -191,7 +185,7 @@ def finish_rotation(data_dir: Path) -> None:
         keys = data_dir / "keys"
         for path in sorted(staged_keys.iterdir()) if staged_keys.exists() else ():
             os.replace(path, keys / path.name)  # each key file: old wrap or new wrap, never torn
-        _fsync_dir(keys)
+        fsync_dir(keys)
         if staged_master.exists():
             # The old master's bytes are overwritten where they lie, then the staged copy goes.
             _overwrite_in_place(data_dir / "master.key", staged_master.read_bytes())
@@ -203,7 +197,7 @@ def finish_rotation(data_dir: Path) -> None:
     shutil.rmtree(staged_keys, ignore_errors=True)
     marker.unlink(missing_ok=True)  # last: without it, only empty leftovers can remain
     shutil.rmtree(stage)
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 def seal(dek: bytes, plaintext: bytes, aad: bytes) -> bytes:

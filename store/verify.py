@@ -134,6 +134,16 @@ class _Verifier:
         except Exception:  # noqa: BLE001 - a key the master key cannot unwrap is reported as such
             return None
 
+    def open_json(self, key_ref: str | None, sealed: bytes, context: bytes) -> Any:
+        """The JSON a sealed blob holds, or None when its key is missing or it fails to open."""
+        dek = self.load_key(key_ref) if key_ref else None
+        if dek is None:
+            return None
+        try:
+            return json.loads(open_sealed(dek, sealed, context))
+        except ValueError:  # failed authentication, or not JSON
+            return None
+
     # -- store-wide ----------------------------------------------------------------------
 
     def global_problems(self) -> tuple[list[str], int]:
@@ -252,14 +262,12 @@ class _Verifier:
                 continue
             if not self.deep:
                 continue
-            dek = self.load_key(key_ref)
+            env = self.open_json(key_ref, sealed, pending_context(cid))
             try:
-                assert dek is not None
-                env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
                 record = Lifecycle._build_record(env["payload"], pd, env["recorded_at"], int(created),
                                                  env["authorization_receipt_digest"], env["trust"])
                 good = payload_digest(env["payload"]) == pd and record["record_digest"] == rd
-            except (AssertionError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):  # None or a malformed envelope
                 good = False
             if not good:
                 digests.append(cid)
@@ -287,15 +295,13 @@ class _Verifier:
                 continue
             if not self.deep:
                 continue
-            dek = self.load_key(key_ref)
+            record = self.open_json(key_ref, body, record_context(rid))
             try:
-                assert dek is not None
-                record = json.loads(open_sealed(dek, body, record_context(rid)))
                 payload = {k: v for k, v in record.items() if k not in RECORD_FIELDS}
                 good = (record_digest(record) == rd == record.get("record_digest")
                         and record_id_from_digest(rd) == rid == record.get("record_id")
                         and payload_digest(payload) == pd == record.get("payload_digest"))
-            except (AssertionError, ValueError, KeyError, TypeError):
+            except (AttributeError, ValueError, KeyError, TypeError):  # None or a malformed record
                 good = False
             if not good:
                 digests.append(rid)
@@ -341,13 +347,9 @@ class _Verifier:
         for rid, key_ref, body in self.rows(
                 f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = "
                 f"'{RecordState.ACCEPTED_CURRENT}' AND body IS NOT NULL ORDER BY record_id", [scope_ref]):
-            dek = self.load_key(key_ref) if key_ref else None
-            if dek is None:
-                continue  # reported by records()
-            try:
-                out.append(json.loads(open_sealed(dek, body, record_context(rid))))
-            except ValueError:
-                continue
+            record = self.open_json(key_ref, body, record_context(rid))
+            if record is not None:  # otherwise reported by records()
+                out.append(record)
         return out
 
     def _stored_vectors(self, scope_ref: str, problems: list[str]) -> tuple[list[str], np.ndarray] | None:
