@@ -113,7 +113,7 @@ class Vectors:
             chunk = todo[start:start + 256]
             for t, v in zip(chunk, self.embedder.encode(chunk), strict=True):
                 self.cache[t] = v
-        return np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+        return np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, self.embedder.dim or 0), np.float32)
 
     def run(self, col: Collection, shape: Shape, qvecs: np.ndarray) -> Run:
         near = neighbours(col)

@@ -15,8 +15,8 @@ from engram_memory.retrieval import fusion as fusion_fns
 class FusionConfig:
     method: str = DEFAULT_FUSION.value
     k: int = RRF_K
-    weights: Mapping[str, float] = field(default_factory=lambda: dict(zip(("lexical", "semantic"),
-                                                                          DEFAULT_FUSION_WEIGHTS, strict=True)))
+    weights: Mapping[str, float] = field(default_factory=lambda: {"lexical": DEFAULT_FUSION_WEIGHTS[0],
+                                                                  "semantic": DEFAULT_FUSION_WEIGHTS[1]})
     semantic_floor: float = SEMANTIC_FLOOR
 
     def describe(self, fused: bool, floored: bool = False) -> dict[str, Any]:
@@ -92,6 +92,11 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) 
     return Ranking([hit for hit in fused if hit[0] not in weak] if weak else list(fused), channels)
 
 
+def floored(channels: Mapping[str, object]) -> bool:
+    """The floor applies when both channels ranked (the receipt names it exactly then)."""
+    return "lexical" in channels and "semantic" in channels
+
+
 def weak_semantic(channels: Mapping[str, list[tuple[str, float]]], floor: float) -> set[str]:
     """Ids only the semantic channel found, with a cosine below ``floor``.
 
@@ -99,7 +104,7 @@ def weak_semantic(channels: Mapping[str, list[tuple[str, float]]], floor: float)
     (a semantic-only configuration, as the evaluation scores the channel alone, is not floored).
     """
     semantic = channels.get("semantic", ())
-    if "lexical" not in channels or not semantic or semantic[-1][1] >= floor:  # the last is the lowest
+    if not floored(channels) or not semantic or semantic[-1][1] >= floor:  # the last is the lowest
         return set()
     lexical = {rid for rid, _ in channels.get("lexical", ())}
     return {rid for rid, score in semantic if score < floor and rid not in lexical}

@@ -20,7 +20,7 @@ from engram_memory.models.limits import CHANNEL_DEPTH, RESULT_BOUND
 from engram_memory.retrieval import paging
 from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
 from engram_memory.retrieval.projections import Projections
-from engram_memory.retrieval.ranking import FusionConfig, rank
+from engram_memory.retrieval.ranking import FusionConfig, floored, rank
 from engram_memory.retrieval.receipts import (
     PROFILE_VERSION,
     RESPONSE_DIGEST_BYTES,
@@ -128,7 +128,7 @@ class ReadPath:
         shown = page[:len(packets)]
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
-        fusion = self.fusion.describe(fused, floored="semantic" in hits and "lexical" in hits)
+        fusion = self.fusion.describe(fused, floored(hits))
         receipt: dict[str, Any] = {
             "request_digest": request_digest,
             "profile": profile,
