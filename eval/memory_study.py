@@ -136,8 +136,12 @@ def hybrid(lex: Run, sem: Run) -> Run:
     return {qid: rank({"lexical": lex.get(qid, []), "semantic": sem[qid]}, config).fused[:DEPTH] for qid in sem}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def study_setup(doc: str, prog: str, argv: list[str] | None) -> tuple[argparse.Namespace, Any] | None:
+    """A LoCoMo study's command line (``--data``, ``--out``) and the loaded packaged model.
+
+    None, with one line on stderr, when the model did not load.
+    """
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a folder of LoCoMo collections")
     ap.add_argument("--out", type=Path, default=Path("eval"))
     args = ap.parse_args(argv)
@@ -145,8 +149,16 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = Embedder(threads=None).start()
     if not embedder.wait(600):
-        print(f"memory_study: the embedding model did not load: {embedder.error}", file=sys.stderr)
+        print(f"{prog}: the embedding model did not load: {embedder.error}", file=sys.stderr)
+        return None
+    return args, embedder
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup = study_setup(__doc__ or "", "memory_study", argv)
+    if setup is None:
         return 1
+    args, embedder = setup
     vectors = Vectors(embedder, {})
     args.out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, dict[str, float]]] = {}
