@@ -6,11 +6,13 @@ bm25s 0.3.16, PyStemmer English (Snowball) stemming, bm25s' English stopwords, k
 exhaustive top-1000 (every document is scored; no pruning). Query terms are counted with their
 repeats, as bm25s does.
 
-The ranking is bm25s' own ``retrieve`` (numpy backend, ``sorted=True``): its order among equal
-scores is numpy's argpartition + argsort, deterministic for a given numpy, and it is the order that
-reproduces the README's figures to 3 decimals (the numba backend breaks ties differently: LoCoMo-42
-reads 0.474 instead of 0.473). One choice of ours: documents with score 0 (no query term) are not
-returned -- they are not matches, and their order is arbitrary.
+Scores are bm25s' own (``get_scores``); the order among equal scores is the corpus order, ours.
+bm25s' ``retrieve`` breaks ties with numpy's argpartition + argsort, whose order depends on the
+CPU's sort kernel: on an AVX-512 machine LoCoMo-30 reads 0.5124, on the AVX2 machine that measured
+the README 0.517. Corpus order reproduces the README's figures to 3 decimals on Medline, Cranfield,
+SciFact, LoCoMo-26, -30 and -43, and within 0.001 on LoCoMo-41 (0.4997 for 0.501) and -42 (0.4737
+for 0.473), the same on every machine. One choice of ours: documents with score 0 (no query term)
+are not returned -- they are not matches, and their order is arbitrary.
 """
 
 from __future__ import annotations
@@ -93,12 +95,8 @@ class Bm25sIndex:
         return [(self.ids[i], float(s[i])) for i in order]
 
     def search(self, query: str, depth: int = DEPTH) -> list[tuple[str, float]]:
-        """bm25s' own top ``depth`` (its tie order), without the documents that score 0."""
-        k = min(depth, len(self.ids))
-        found = self.retriever.retrieve([self.tokens(query)], k=k, sorted=True, show_progress=False,
-                                        n_threads=0, backend_selection="numpy")
-        return [(self.ids[int(i)], float(s)) for i, s in zip(found.documents[0], found.scores[0], strict=True)
-                if s > 0]
+        """The top ``depth`` by (-score, corpus order), without the documents that score 0."""
+        return self.search_terms(self.tokens(query), depth)
 
 
 def unavailable() -> str | None:

@@ -48,10 +48,12 @@ def test_the_sample_run_is_deterministic_and_scores_well() -> None:
     assert metrics.score(first, col.qrels)["ndcg@10"] > 0.9
 
 
-# The README's bm25s figures (../shared/data/README.md), to 3 decimals. The two LoCoMo ones are the
-# tie-sensitive ones: ranked with ties broken on corpus order they read 0.4997 and 0.4737.
+# The README's bm25s figures (../shared/data/README.md), to 3 decimals, and ours to 4 (ties on
+# corpus order, the same on every machine; bm25s' own tie order moves LoCoMo-30 to 0.5124 on an
+# AVX-512 CPU). LoCoMo-41 and -42 are tie-sensitive: ours read 0.4997 and 0.4737.
 README = {"medline": 0.671, "cranfield": 0.352, "locomo/locomo-26": 0.447, "locomo/locomo-30": 0.517,
           "locomo/locomo-41": 0.501, "locomo/locomo-42": 0.473, "locomo/locomo-43": 0.480}
+OURS = {"medline": 0.6710, "locomo/locomo-30": 0.5169, "locomo/locomo-42": 0.4737}
 
 
 @pytest.mark.skipif(not (DATA / "medline" / "corpus.jsonl").exists(), reason="development collections not present")
@@ -59,7 +61,8 @@ README = {"medline": 0.671, "cranfield": 0.352, "locomo/locomo-26": 0.447, "loco
 def test_reproduces_the_readme_figures(name: str) -> None:
     col = load_collection(DATA / name)
     ndcg = metrics.score(baseline.run_collection(col), col.qrels, ["ndcg@10"])["ndcg@10"]
-    assert round(ndcg, 3) == README[name], ndcg
+    assert round(ndcg, 4) == OURS[name], ndcg
+    assert abs(ndcg - README[name]) <= 0.001, ndcg
     # the check can fail: Tantivy's k1/b give another figure
     index = baseline.Bm25sIndex.build([d.doc_id for d in col.docs], [baseline.doc_field(d) for d in col.docs],
                                       k1=1.2, b=0.75)
