@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from engram_memory.models.context import HostContext
 from engram_memory.models.limits import ENCODE_THREADS, TEXT_MAX_BYTES
 from engram_memory.models.tools import parse_input, to_plain
 
-INGEST_VERSION = 1  # bump when the doc -> capture mapping changes: it keys the cache
+INGEST_VERSION = 2  # bump when the doc -> capture mapping changes: it keys the cache
 MAPPINGS = ("single", "split")
 CHANNEL_SETS: dict[str, tuple[str, ...]] = {
     "lexical": ("lexical",),
@@ -65,8 +67,28 @@ def doc_text(doc: Doc) -> str:
     return f"{doc.title}\n{doc.text}" if doc.title else doc.text
 
 
-def capture_args(dataset: str, doc: Doc, mapping: str = "single") -> dict[str, Any]:
-    """A valid capture for one document (plain dict, the shape models.tools.to_plain produces)."""
+# LoCoMo's session line ("session 3, 7:55 pm on 9 June, 2023"): when the conversation happened.
+_SESSION_TIME = re.compile(r"(\d{1,2}:\d{2}\s*[ap]m) on (\d{1,2} [A-Za-z]+),? (\d{4})", re.IGNORECASE)
+
+
+def event_at(doc: Doc, position: int) -> int:
+    """A document's ``primary_event.at``: the instant its title names (a LoCoMo session line) plus
+    its corpus position in milliseconds, so a conversation's turns keep their order; a document
+    whose title names no time (SciFact, Cranfield, Medline) gets the one shared VALID_FROM_MS, so
+    a collection of documents has no event order (retrieval/rerank.py's neighbours are none)."""
+    m = _SESSION_TIME.search(doc.title)
+    if m is None:
+        return VALID_FROM_MS
+    try:
+        when = datetime.strptime(" ".join(m.groups()).upper(), "%I:%M %p %d %B %Y").replace(tzinfo=UTC)
+    except ValueError:
+        return VALID_FROM_MS
+    return int(when.timestamp()) * 1000 + position
+
+
+def capture_args(dataset: str, doc: Doc, mapping: str = "single", at: int = VALID_FROM_MS) -> dict[str, Any]:
+    """A valid capture for one document (plain dict, the shape models.tools.to_plain produces);
+    ``at`` is its event time (``event_at``)."""
     if mapping not in MAPPINGS:
         raise ValueError(f"unknown mapping {mapping!r}")
     body = truncate_utf8(doc_text(doc) or doc.doc_id, TEXT_MAX_BYTES)  # Text needs >= 1 byte
@@ -88,7 +110,7 @@ def capture_args(dataset: str, doc: Doc, mapping: str = "single") -> dict[str, A
         "valid_time": {"t": VALID_FROM_MS},
         "components": components,
         "primary_component_id": primary,
-        "primary_event": {"at": VALID_FROM_MS, "type_ref": "event:published", "citation_id": "s1"},
+        "primary_event": {"at": at, "type_ref": "event:published", "citation_id": "s1"},
         "citations": [
             {
                 "citation_id": "s1",
@@ -99,7 +121,7 @@ def capture_args(dataset: str, doc: Doc, mapping: str = "single") -> dict[str, A
         ],
     }
     # Content in the key: a retried ingest replays exactly, an edited doc is a new capture.
-    key = hashlib.sha256(f"{INGEST_VERSION}\0{mapping}\0{source_ref}\0{body}".encode()).hexdigest()[:40]
+    key = hashlib.sha256(f"{INGEST_VERSION}\0{mapping}\0{source_ref}\0{at}\0{body}".encode()).hexdigest()[:40]
     return {
         "idempotency_key": f"eval-capture-{key}",
         "payload": payload,
@@ -261,8 +283,8 @@ def ingest(
         # Each batch is admitted as it goes, but the Tantivy commit and the embedding of the
         # admitted records happen once at the batch exit (Engine.batch), so the bar stalls there.
         with engine.batch():
-            for doc in chunk:
-                args = validated("capture", capture_args(col.name, doc, mapping))
+            for position, doc in enumerate(chunk, start=start):
+                args = validated("capture", capture_args(col.name, doc, mapping, event_at(doc, position)))
                 t = time.perf_counter()
                 cap = to_plain(engine.capture(ctx, args))
                 capture_s.append(time.perf_counter() - t)

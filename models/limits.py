@@ -41,6 +41,11 @@ CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
 # A record only the semantic channel found is shown only at this cosine or above, so a query
 # like nothing stored answers []: chosen on the development collections (eval/fusion-study.md).
 SEMANTIC_FLOOR: Final = 0.3
+# The hybrid's top RERANK_HEAD are reordered by who said a record and how its neighbours in event
+# order scored (retrieval/rerank.py): head and weights chosen by rotation on LoCoMo
+# (eval/rerank-study.md); both features are inert on records without speaker labels or event order.
+RERANK_HEAD: Final = 100
+RERANK_WEIGHTS: Final = (("neighbour", 1.0), ("speaker", 2.0))
 # Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
 HNSW_THRESHOLD: Final = 50_000
 # torch intra-op threads per encode: one lets concurrent searches run on separate cores

@@ -140,11 +140,24 @@ class FusionWeights(Closed):
     semantic: Score
 
 
+class RerankWeights(Closed):
+    neighbour: Score
+    speaker: Score
+
+
+class Rerank(Closed):
+    """The hybrid's second stage (retrieval/rerank.py): how many fused hits it reorders, and how."""
+
+    head: Rank
+    weights: RerankWeights
+
+
 class Fusion(Closed):
     method: FusionMethodName
     k: Rank = ABSENT
     weights: FusionWeights = ABSENT
     semantic_floor: Score = ABSENT
+    rerank: Rerank = ABSENT
 
 
 class ChannelRank(Closed):

@@ -51,6 +51,10 @@ class EngineSettings(BaseModel):
         default=SEMANTIC_FLOOR, ge=-1.0, le=1.0,
         description="Cosine below which a hit only the semantic channel found is not returned.",
     )
+    rerank: bool = Field(
+        default=True,
+        description="Reorder the hybrid's top hits by named speaker labels and event-order neighbours.",
+    )
     encode_threads: int | None = Field(
         default=ENCODE_THREADS,
         description="torch intra-op threads for embedding (1: concurrent searches each use a core).",

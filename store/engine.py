@@ -45,10 +45,11 @@ from engram_memory.models.tools import (
 from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
+from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
 from engram_memory.store.db import Database, StoreBusyError
-from engram_memory.store.lifecycle import Lifecycle, lexical_fields, record_context
+from engram_memory.store.lifecycle import Lifecycle, event_at, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.reads import ReadPath, SearchPlan
 from engram_memory.store.rwlock import RWLock
@@ -117,6 +118,7 @@ class Engine:
             load_page=self._load_page,
             server_secret=self.keys.server_secret,
             cache=self._views,
+            rerank=RerankConfig() if config.rerank else None,
         )
 
     @classmethod
@@ -369,13 +371,19 @@ class Engine:
 
     def _load_view(self, scope_ref: str) -> ScopeView:
         rows = self.db.all(
-            "SELECT record_id, valid_t, valid_t_end, expires_at_ms FROM records"
+            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at FROM records"
             f" WHERE scope_ref = ? AND state = '{CURRENT}'",
             [scope_ref],
         )
+        events = {rid: _opt_int(at) for rid, _t, _t_end, _exp, at in rows}
+        legacy = [rid for rid, at in events.items() if at is None]
+        for start in range(0, len(legacy), 1000):  # admitted before migration 3: from the bodies
+            page = self._load_page(scope_ref, legacy[start:start + 1000])
+            events.update({rid: event_at(record) for rid, record in page.items()})
         view = ScopeView(
             projection_cursor=self.db.projection_cursor(scope_ref),
-            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp)) for rid, t, t_end, exp in rows},
+            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp), events.get(rid))
+                  for rid, t, t_end, exp, _at in rows},
         )
         self._views.put(scope_ref, view)
         return view
@@ -461,7 +469,7 @@ class Engine:
                 self._views.admitted(
                     admitted.scope_ref, record["record_id"],
                     Window(record["valid_time"]["t"], record["valid_time"].get("t_end"),
-                           from_instant(expires) if expires else None),
+                           from_instant(expires) if expires else None, event_at(record)),
                     admitted.cursor,
                 )
                 if self._batch is not None:

@@ -51,6 +51,16 @@ def record_context(record_id: str) -> bytes:
     return receipt_digest("record-context", {"record_id": record_id}).encode()
 
 
+def event_at(record: dict[str, Any]) -> int | None:
+    """The record's ``primary_event.at`` (its place in event order), kept beside the sealed body."""
+    event = record.get("primary_event")
+    return int(event["at"]) if event else None
+
+
+def primary_text(record: dict[str, Any]) -> str:
+    return next((c["text"] for c in record["components"] if c["component_id"] == record["primary_component_id"]), "")
+
+
 def lexical_fields(record: dict[str, Any]) -> dict[str, str]:
     """The accepted lexical document of REFERENCE_CONTRACT §6.4."""
     fields = {"primary": "", "decision": "", "evidence": "", "context": "", "citations": ""}
@@ -303,11 +313,12 @@ class Lifecycle:
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
                 con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [record["record_id"], ctx.scope_ref, cid, to_state, record["record_digest"],
                      record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                      from_instant(expires) if expires else None, rkey_ref,
-                     seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
+                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
+                     event_at(record)],
                 )
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
             con.execute(
@@ -387,11 +398,12 @@ class Lifecycle:
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
                 con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [record["record_id"], scope_ref, cid, to_state, record["record_digest"],
                      record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                      from_instant(expires) if expires else None, rkey_ref,
-                     seal(rdek, canonical_bytes(record), record_context(record["record_id"]))],
+                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
+                     event_at(record)],
                 )
                 admitted = AdmittedRecord(scope_ref, record, cursor)
             con.execute(

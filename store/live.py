@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engram_memory.retrieval.rerank import Timeline
+
 RECORD_CACHE_SIZE = 4096  # decrypted record bodies kept per engine (LRU)
 
 
@@ -23,6 +25,7 @@ class Window:
     valid_t: int
     valid_t_end: int | None
     expires_at_ms: int | None
+    event_at: int | None = None  # primary_event.at: the record's place in the scope's timeline
 
     def eligible(self, valid_as_of: int, now: int) -> bool:
         """Current records only: inside valid_time at the read instant, not past expires_at."""
@@ -37,6 +40,11 @@ class Window:
 class ScopeView:
     projection_cursor: int
     live: dict[str, Window] = field(default_factory=dict)
+    timeline: Timeline = field(default_factory=Timeline)  # the live records in event order
+
+    def __post_init__(self) -> None:
+        if not len(self.timeline):
+            self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items() if w.event_at is not None})
 
     def next_expiry(self) -> int | None:
         expiring = [w.expires_at_ms for w in self.live.values() if w.expires_at_ms is not None]
@@ -88,6 +96,8 @@ class ScopeViews:
         if view is None:
             return  # not loaded yet: the first read loads it from DuckDB
         view.live[record_id] = window
+        if window.event_at is not None:
+            view.timeline.add(record_id, window.event_at)
         view.projection_cursor = cursor
         if window.expires_at_ms is not None:
             known = self.next_expiry.get(scope_ref)
@@ -104,6 +114,7 @@ class ScopeViews:
             return
         for rid in ids:
             view.live.pop(rid, None)
+            view.timeline.remove(rid)
         view.projection_cursor = cursor
         self.next_expiry[scope_ref] = view.next_expiry()
 

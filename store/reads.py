@@ -20,7 +20,7 @@ from engram_memory.models.limits import CHANNEL_DEPTH, RESULT_BOUND
 from engram_memory.retrieval import paging
 from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
 from engram_memory.retrieval.projections import Projections
-from engram_memory.retrieval.ranking import FusionConfig, floored, rank
+from engram_memory.retrieval.ranking import FusionConfig, Ranking, floored, rank
 from engram_memory.retrieval.receipts import (
     PROFILE_VERSION,
     RESPONSE_DIGEST_BYTES,
@@ -30,7 +30,9 @@ from engram_memory.retrieval.receipts import (
     ranked_entry,
     response_body,
 )
+from engram_memory.retrieval.rerank import HeadFacts, RerankConfig, rerank, speaker_labels
 from engram_memory.store.authz import authorization_receipt
+from engram_memory.store.lifecycle import primary_text
 from engram_memory.store.live import ScopeView, ScopeViews
 from engram_memory.store.timeutil import to_instant
 
@@ -54,6 +56,7 @@ class ReadPath:
     load_page: Callable[[str, Sequence[str]], dict[str, dict[str, Any]]]
     server_secret: bytes
     cache: ScopeViews  # holds each cached record's redacted core and its canonical bytes
+    rerank: RerankConfig | None = None  # the hybrid's second stage (retrieval/rerank.py); None: off
 
     def _core(self, record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The record's redacted packet core (record, redacted_fields, redaction digest) and
@@ -100,6 +103,9 @@ class ReadPath:
         eligible = view.eligible({rid for found in hits.values() for rid, _ in found}, valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         ranking = rank(hits, self.fusion)
+        reranked = self.rerank is not None and len(hits) > 1
+        if reranked:
+            ranking = self._rerank(scope, view, args["query"], ranking)
         ordered_ids = ranking.ids
         ordered_digest = receipt_digest("recall-ordered", {"ordered_ids": ordered_ids})
         if pin is not None and pin.ordered_ids_digest != ordered_digest:
@@ -129,6 +135,8 @@ class ReadPath:
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
         fusion = self.fusion.describe(fused, floored(hits))
+        if reranked and self.rerank is not None:
+            fusion["rerank"] = self.rerank.describe()
         receipt: dict[str, Any] = {
             "request_digest": request_digest,
             "profile": profile,
@@ -162,6 +170,15 @@ class ReadPath:
             raise EngramError("RESULT_TOO_LARGE")
         value["response_digest"] = digest_bytes("recall-packet", body)
         return value
+
+    def _rerank(self, scope: str, view: ScopeView, query: str, ranking: Ranking) -> Ranking:
+        """The fused head reordered by its records' speaker labels and event-order neighbours."""
+        assert self.rerank is not None
+        head = [rid for rid, _ in ranking.fused[: self.rerank.head]]
+        records = self.load_page(scope, head)  # decrypted once, then cached with the page's
+        facts = {rid: HeadFacts(speaker_labels(primary_text(records[rid])) if rid in records else frozenset(),
+                                view.timeline.neighbours(rid)) for rid in head}
+        return Ranking(rerank(query, ranking.fused, facts, self.rerank), ranking.channels)
 
     def _channel_state(self, scope: str, semantic: bool) -> ChannelState:
         semantic = semantic and "semantic" in self.channels

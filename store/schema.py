@@ -104,6 +104,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE audit ADD COLUMN context_jti VARCHAR;
         """,
     ),
+    (
+        3,
+        "records keep primary_event.at: the event order search's rerank stage reads",
+        """
+        ALTER TABLE records ADD COLUMN event_at BIGINT;
+        """,
+    ),
 ]
 
 

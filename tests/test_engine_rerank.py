@@ -1,0 +1,123 @@
+"""The hybrid's rerank stage through the real engine: speaker labels, event order, persistence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
+from engram_memory.store.engine import Engine
+from tests.store_fixtures import T0, admission_args, call, capture_args, ctx, forget_args
+from tests.test_engine_hybrid import DOCS, HYBRID, open_engine, search
+
+TURNS = [
+    "Melanie: Thanks, Caroline! A support group sounds lovely, Caroline.",
+    "Caroline: I went to a support group yesterday and it was so powerful.",
+    "Melanie: The kids painted a sunrise by the lake last summer.",
+    "Caroline: I chose the agency because they help LGBTQ+ folks with adoption.",
+    "Melanie: What did you like most about the adoption agency?",
+    "Caroline: They were inclusive and kind.",
+]
+SUPPORT = "When did Caroline go to the support group?"
+AGENCY = "Why did Caroline choose the adoption agency?"
+
+
+def converse(path: Path, texts: list[str] = TURNS, ordered: bool = True, **kw) -> tuple[Engine, list[str]]:
+    """One turn a minute (or every record at one instant), captured and admitted in order."""
+    engine = open_engine(path, **kw)
+    ids = []
+    for i, text in enumerate(texts):
+        args = capture_args(text, key=f"capture-key-{i:06d}")
+        args["payload"]["primary_event"]["at"] = T0 - 86_400_000 + (i * 60_000 if ordered else 0)
+        cap = call(engine, "capture", ctx(), args)
+        out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+        ids.append(out["outcome"]["record_id"])
+    return engine, ids
+
+
+def order(value: dict, ids: list[str]) -> list[int]:
+    return [ids.index(p["record"]["record_id"]) for p in value["records"]]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Engine, list[str], Path]]:
+    on_path = tmp_path_factory.mktemp("rerank-on")
+    on, ids = converse(on_path)
+    off, off_ids = converse(tmp_path_factory.mktemp("rerank-off"), rerank=False)
+    assert off_ids == ids  # record ids derive from content: the same records in both stores
+    yield on, off, ids, on_path
+    on.close()
+    off.close()
+
+
+def test_the_named_speaker_outranks_a_turn_that_only_addresses_her(both) -> None:
+    on, off, ids, _ = both
+    assert order(search(off, SUPPORT, capability_policy=HYBRID), ids)[:2] == [1, 0]  # "Thanks, Caroline!" second
+    got = search(on, SUPPORT, capability_policy=HYBRID)
+    assert order(got, ids)[0] == 1 and order(got, ids).index(0) > 1  # the addressing turn drops below
+    fusion = got["rank_receipt"]["fusion"]
+    assert fusion["rerank"] == {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
+    assert "rerank" not in search(off, SUPPORT, capability_policy=HYBRID)["rank_receipt"]["fusion"]
+    scores = [p["score"] for p in got["records"]]
+    assert scores == sorted(scores, reverse=True)  # a head this small is the whole ranking
+
+
+def test_a_turn_rises_with_the_turn_before_it(both) -> None:
+    """"They were inclusive and kind." shares no word with the question; its neighbour does."""
+    on, off, ids, _ = both
+    before, after = order(search(off, AGENCY, capability_policy=HYBRID), ids), order(
+        search(on, AGENCY, capability_policy=HYBRID), ids)
+    assert after[0] == 3 and after.index(5) < before.index(5)
+
+
+def test_the_stage_survives_restart_and_a_store_from_before_the_column(both, tmp_path: Path) -> None:
+    """event_at is read back from DuckDB; rows written before migration 3 get it from their body."""
+    _on, _off, _ids, _ = both
+    engine, ids = converse(tmp_path)
+    first = canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID))
+    engine.close()
+    engine = open_engine(tmp_path)
+    assert canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID)) == first
+    engine.close()
+    with duckdb.connect(str(tmp_path / "engram.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM records WHERE event_at IS NOT NULL").fetchone() == (len(TURNS),)
+        con.execute("UPDATE records SET event_at = NULL")
+    engine = open_engine(tmp_path)
+    try:
+        assert canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID)) == first
+    finally:
+        engine.close()
+
+
+def test_a_forgotten_turn_leaves_the_timeline(tmp_path: Path) -> None:
+    engine, ids = converse(tmp_path)
+    try:
+        before = order(search(engine, AGENCY, capability_policy=HYBRID), ids)
+        call(engine, "forget", ctx(), forget_args(ids[4]))
+        after = order(search(engine, AGENCY, capability_policy=HYBRID), ids)
+        assert 4 in before and 4 not in after
+        view = engine._view(ctx().scope_ref)
+        assert ids[4] not in {r for rid in ids for r in view.timeline.neighbours(rid)}
+        assert view.timeline.neighbours(ids[5]) == (ids[3],)  # the turn before the forgotten one
+    finally:
+        engine.close()
+
+
+def test_documents_at_one_instant_rank_exactly_as_without_the_stage(tmp_path: Path) -> None:
+    """No speaker label named, no event order: only the receipt's naming of the stage differs."""
+    on, ids = converse(tmp_path / "on", DOCS, ordered=False)
+    off, _ = converse(tmp_path / "off", DOCS, ordered=False, rerank=False)
+    try:
+        for query in ("feline resting", "tax filings in April", "release train"):
+            a, b = search(on, query, capability_policy=HYBRID), search(off, query, capability_policy=HYBRID)
+            assert [(p["record"]["record_id"], p["score"]) for p in a["records"]] == \
+                   [(p["record"]["record_id"], p["score"]) for p in b["records"]]
+            assert a["rank_receipt"]["ranked"] == b["rank_receipt"]["ranked"]
+            assert a["rank_receipt"]["ordered_ids_digest"] == b["rank_receipt"]["ordered_ids_digest"]
+    finally:
+        on.close()
+        off.close()
