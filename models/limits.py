@@ -45,6 +45,9 @@ SEMANTIC_FLOOR: Final = 0.3
 # order scored (retrieval/rerank.py): head and weights chosen by rotation on LoCoMo
 # (eval/rerank-study.md); both features are inert on records without speaker labels or event order.
 RERANK_HEAD: Final = 100
+# A "Name:" label counts as a speaker only when it labels at least this many head records: a
+# speaker says several things, while a document's "Vitamin D: ..." topic line labels one.
+SPEAKER_MIN_RECORDS: Final = 3
 RERANK_WEIGHTS: Final = (("neighbour", 1.0), ("speaker", 2.0))
 # Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
 HNSW_THRESHOLD: Final = 50_000

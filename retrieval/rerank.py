@@ -6,7 +6,9 @@ On conversational memory the hybrid's top 30 holds most answers but orders them 
 a turn's meaning often sits in the turn before it. Two facts a record carries fix much of that:
 
 * ``speaker`` (0 or 1): a line of the record's primary text starts with a chat-transcript label
-  ("Name: ", at most 40 characters before the colon) and the query names that label as a word;
+  ("Name: ", at most 40 characters before the colon), the query names that label as a word, and
+  at least SPEAKER_MIN_RECORDS head records carry it (a speaker says several things; a document's
+  "Vitamin D: ..." topic line labels one record);
 * ``neighbour``: the best fused score of the records just before and just after it in event order
   (``primary_event.at``, ties broken by record id); a record whose neighbour shares its instant has
   none on that side, so a batch captured at one instant (a document collection) has no order.
@@ -24,11 +26,12 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SPEAKER_MIN_RECORDS
 
 FEATURES = ("neighbour", "speaker")  # sorted: the receipt lists the weights in this order
 _LABEL = re.compile(r"^([^:\n]{1,40}):[ \t]", re.MULTILINE)
@@ -107,11 +110,13 @@ def _z(values: Sequence[float]) -> list[float]:
 def features(query: str, head: Sequence[tuple[str, float]], facts: Mapping[str, HeadFacts],
              fused: Mapping[str, float]) -> dict[str, list[float]]:
     """Each feature's raw value for every head record, in head order."""
-    speaker, neighbour = [], []
-    for rid, _score in head:
-        fact = facts.get(rid, HeadFacts())
-        speaker.append(1.0 if fact.labels and names_label(query, fact.labels) else 0.0)
-        neighbour.append(max((fused.get(n, 0.0) for n in fact.neighbours), default=0.0))
+    empty = HeadFacts()
+    named = [frozenset(label for label in facts.get(rid, empty).labels if names_label(query, frozenset({label})))
+             for rid, _score in head]
+    counts = Counter(label for labels in named for label in labels)
+    speaker = [1.0 if any(counts[label] >= SPEAKER_MIN_RECORDS for label in labels) else 0.0 for labels in named]
+    neighbour = [max((fused.get(n, 0.0) for n in facts.get(rid, empty).neighbours), default=0.0)
+                 for rid, _score in head]
     return {"neighbour": neighbour, "speaker": speaker}
 
 

@@ -62,10 +62,16 @@ def test_constant_features_leave_the_ranking_bit_for_bit() -> None:
 
 def test_the_named_speaker_rises_and_the_tail_stays() -> None:
     ranked = _ranked(40)
-    facts = {"r05": HeadFacts(frozenset({"Caroline"}), ()), "r35": HeadFacts(frozenset({"Caroline"}), ())}
-    out = rerank("When did Caroline go?", ranked, facts, RerankConfig(head=30))
-    assert out[0][0] == "r05" and out[30:] == ranked[30:]  # r35 is below the head: not looked at
+    caroline = HeadFacts(frozenset({"Caroline"}), ())
+    facts = {"r05": caroline, "r07": caroline, "r09": caroline, "r35": caroline,
+             "r02": HeadFacts(frozenset({"Vitamin D"}), ())}  # a topic line on one record
+    out = rerank("When did Caroline take Vitamin D?", ranked, facts, RerankConfig(head=30))
+    assert [rid for rid, _ in out[:3]] == ["r05", "r07", "r09"] and out[30:] == ranked[30:]  # r35: below the head
     assert sorted(rid for rid, _ in out[:30]) == [rid for rid, _ in ranked[:30]]
+    values = features("When did Caroline take Vitamin D?", ranked[:30], facts, dict(ranked))
+    assert values["speaker"][2] == 0.0  # named, but it labels one record: not a speaker
+    two = {"r05": caroline, "r07": caroline}  # fewer than SPEAKER_MIN_RECORDS turns: no speaker either
+    assert rerank("When did Caroline go?", ranked, two, RerankConfig(head=30)) == ranked
     off = RerankConfig(head=30, weights={"neighbour": 1.0, "speaker": 0.0})
     assert rerank("When did Caroline go?", ranked, facts, off) == ranked  # the weight is what moves it
 
