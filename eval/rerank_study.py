@@ -13,9 +13,10 @@ from nothing but the record, the question and the packaged model:
 * ``sentence``: the best cosine between the question and one sentence of the record (each with the
   date line and the speaker);
 * ``coverage``: the share of the question's analyzed terms the record holds;
-* ``speaker``: the record's "Speaker:" label is named in the question (LoCoMo's text format);
-* ``neighbour``: the best fused score of the turns before and after it in its session (needs the
-  conversation order, from the dia_id, which the engine does not know).
+* ``speaker`` and ``neighbour``: retrieval/rerank.py's own features, as the engine computes them
+  -- a "Speaker:" label of the record named in the question, and the best fused score of the
+  records just before and after it in event order (the eval ingest's ``primary_event.at``: the
+  session's date and the turn's position, so the order runs across sessions).
 
 Every combination of weights in ``GRID`` is scored; the in-sample best is reported beside a
 rotation that chooses on the other collections and tests on each (for LoCoMo: on four
@@ -41,8 +42,11 @@ import numpy as np
 from engram_memory.eval import memory_study as ms
 from engram_memory.eval import metrics
 from engram_memory.eval.beir import Collection, collection_folders, load_collection
+from engram_memory.eval.ingest import event_at
+from engram_memory.retrieval.rerank import HeadFacts, Timeline, features, speaker_labels
 
 HEAD = 30
+STAGE_HEADS = (30, 50, 100)  # the engine stage's head sizes: at most 100 records read per search
 FEATURES = ("maxsim", "sentence", "coverage", "speaker", "neighbour")
 GRID = (0.0, 0.5, 1.0, 2.0)
 # Feature sets by what the engine would need to know: the text and the model only; the capture
@@ -125,8 +129,9 @@ def sentences(title: str, text: str) -> list[str]:
 
 
 def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel,
-          work: Path) -> tuple[list[Query], dict[str, Any], ms.Run]:
-    """Every judged question's head with its features, the channels' own scores, and the lexical run."""
+          work: Path) -> tuple[list[Query], dict[str, Any], ms.Run, ms.Run]:
+    """Every judged question's head with its features, the channels' own scores, the lexical run
+    and the hybrid run."""
     from engram_memory.retrieval.lexical import query_terms
 
     qids = [q for q in col.queries if q in col.qrels]
@@ -134,12 +139,14 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel,
     lex = ms.lexical_run(col, ms.LEXICAL["title + turn (now)"], work)
     sem = vectors.run(_only(col, qids), ms.EMBED["title + turn (now)"], qvecs)
     fused = ms.hybrid(lex, sem)
-    near = ms.neighbours(col)
+    timeline = Timeline({d.doc_id: event_at(d, i) for i, d in enumerate(col.docs)})
     vectors.encode([s for d in col.docs for s in sentences(d.title, d.text)])  # one batched pass
     tokens.tokens([ms._join(d.title, d.text) for d in col.docs] + [col.queries[q] for q in qids])
     # What a record contributes, computed once per record rather than once per question it heads.
     per_doc = {d.doc_id: (tokens.tokens([ms._join(d.title, d.text)])[0], vectors.encode(sentences(d.title, d.text)),
-                          set(query_terms(ms._join(d.title, d.text))), speaker(d.text)) for d in col.docs}
+                          set(query_terms(ms._join(d.title, d.text)))) for d in col.docs}
+    facts = {d.doc_id: HeadFacts(speaker_labels(ms._join(d.title, d.text)), timeline.neighbours(d.doc_id))
+             for d in col.docs}
     out: list[Query] = []
     for qi, qid in enumerate(qids):
         head = sorted(fused[qid][:HEAD], key=lambda h: h[0])
@@ -147,18 +154,17 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel,
         question = col.queries[qid]
         qterms = set(query_terms(question))
         qtok = tokens.tokens([question])[0]
-        score_of = dict(fused[qid])
+        structure = features(question, head, facts, dict(fused[qid]))
         rows = []
-        for rid, fscore in head:
-            dtok, sv, dterms, label = per_doc[rid]
-            prev, nxt = near.get(rid, (None, None))
+        for i, (rid, fscore) in enumerate(head):
+            dtok, sv, dterms = per_doc[rid]
             rows.append([
                 fscore,
                 float((qtok @ dtok.T).max(axis=1).mean()),
                 float((sv @ qvecs[qi]).max()),
                 len(qterms & dterms) / max(1, len(qterms)),
-                1.0 if label is not None and label in question else 0.0,
-                max([score_of.get(n.doc_id, 0.0) for n in (prev, nxt) if n is not None] or [0.0]),
+                structure["speaker"][i],
+                structure["neighbour"][i],
             ])
         feats = np.array(rows, dtype=np.float64)
         z = np.column_stack([_z(feats[:, j]) for j in range(feats.shape[1])])
@@ -168,7 +174,59 @@ def heads(col: Collection, vectors: ms.Vectors, tokens: TokenModel,
         out.append(Query(z, gains, ideal, sum(1 for g in rel.values() if g > 0)))
     channels = {name: metrics.score(run, col.qrels, ("ndcg@10", "recall@10"))
                 for name, run in (("lexical", lex), ("semantic", sem), ("hybrid", fused))}
-    return out, channels, lex
+    return out, channels, lex, fused
+
+
+def structure_queries(col: Collection, fused: ms.Run, head: int) -> list[Query]:
+    """Every judged question's top ``head`` with the engine's own stage features only (fused,
+    speaker, neighbour: retrieval/rerank.py), cheap enough to score several head sizes."""
+    timeline = Timeline({d.doc_id: event_at(d, i) for i, d in enumerate(col.docs)})
+    facts = {d.doc_id: HeadFacts(speaker_labels(ms._join(d.title, d.text)), timeline.neighbours(d.doc_id))
+             for d in col.docs}
+    out = []
+    for qid, ranked in fused.items():
+        rel = col.qrels.get(qid)
+        if not rel:
+            continue
+        top = sorted(ranked[:head], key=lambda h: h[0])
+        values = features(col.queries[qid], top, facts, dict(ranked))
+        feats = np.column_stack([[s for _, s in top], values["speaker"], values["neighbour"]])
+        z = np.column_stack([_z(feats[:, j]) for j in range(feats.shape[1])])
+        gains = np.array([float(rel.get(rid, 0)) for rid, _ in top])
+        ideal = _dcg(np.array(sorted((float(g) for g in rel.values() if g > 0), reverse=True)))
+        out.append(Query(z, gains, ideal, sum(1 for g in rel.values() if g > 0)))
+    return out
+
+
+def stage_study(runs: dict[str, tuple[Collection, ms.Run]]) -> dict[str, Any]:
+    """The engine's stage: head size and (speaker, neighbour) weights chosen together, in sample
+    and by rotation -- what models/limits.py's RERANK_HEAD and RERANK_WEIGHTS come from."""
+    names = sorted(runs)
+    per = {h: {n: structure_queries(col, fused, h) for n, (col, fused) in runs.items()} for h in STAGE_HEADS}
+    combos = [(h, w) for h in STAGE_HEADS for w in itertools.product(GRID, repeat=2)]
+    table = {(h, w): {n: evaluate(per[h][n], np.array((1.0, *w))) for n in names} for h, w in combos}
+
+    def mean(key: tuple[int, tuple[float, ...]], among: list[str]) -> float:
+        return float(np.mean([table[key][n][0] for n in among]))
+
+    def best(among: list[str]) -> tuple[int, tuple[float, ...]]:  # ties: the smaller head, lighter weights
+        return max(combos, key=lambda k: (round(mean(k, among), 6), -k[0], -sum(k[1])))
+
+    chosen = best(names)
+    folds = {n: best([m for m in names if m != n]) for n in names}
+
+    def label(key: tuple[int, tuple[float, ...]]) -> str:
+        return f"head {key[0]}, speaker {key[1][0]:g}, neighbour {key[1][1]:g}"
+
+    return {"heads": list(STAGE_HEADS), "in_sample": label(chosen),
+            "in_sample_ndcg": {n: table[chosen][n][0] for n in names},
+            "in_sample_recall10": {n: table[chosen][n][1] for n in names},
+            "rotation_ndcg": {n: table[folds[n]][n][0] for n in names},
+            "rotation_recall10": {n: table[folds[n]][n][1] for n in names},
+            "rotation_choices": {n: label(k) for n, k in folds.items()},
+            "per_head": {str(h): {"best": label(b := max((k for k in combos if k[0] == h),
+                                                          key=lambda k: (round(mean(k, names), 6), -sum(k[1])))),
+                                  "ndcg": mean(b, names)} for h in STAGE_HEADS}}
 
 
 def _only(col: Collection, qids: list[str]) -> Collection:
@@ -269,6 +327,17 @@ def render(result: dict[str, Any], channels: dict[str, dict[str, dict[str, float
               "|---|" + "---:|" * (len(names) + 1)]
     for label, values in result["oracle"].items():
         lines.append(f"| {label} | {cells(values)} |")
+    stage = result.get("stage")
+    if stage:
+        lines += ["", f"## The engine's stage: speaker and neighbour, head size from {stage['heads']} chosen with "
+                  f"the weights (nDCG@10 / Recall@10)", "", "| choice " + head, "|---|" + "---:|" * (len(names) + 1)]
+        for kind in ("in_sample", "rotation"):
+            per = " | ".join(f"{stage[kind + '_ndcg'][n]:.4f} / {stage[kind + '_recall10'][n]:.3f}" for n in names)
+            what = stage["in_sample"] if kind == "in_sample" else "rotation: choose on four, test on the fifth"
+            lines.append(f"| {what} | {per} | **{np.mean(list(stage[kind + '_ndcg'].values())):.4f}** |")
+        lines += ["", "Rotation choices: " + "; ".join(f"{n}: {c}" for n, c in stage["rotation_choices"].items()),
+                  "", "Best weights per head (mean nDCG@10): "
+                  + "; ".join(f"{h}: {v['best']} {v['ndcg']:.4f}" for h, v in stage["per_head"].items())]
     return "\n".join(lines) + "\n"
 
 
@@ -282,13 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     per: dict[str, list[Query]] = {}
     channels: dict[str, dict[str, dict[str, float]]] = {}
     t0 = time.perf_counter()
+    runs: dict[str, tuple[Collection, ms.Run]] = {}
     for folder in collection_folders(args.data) or [args.data]:
         col = load_collection(folder)
-        per[col.name], channels[col.name], lex = heads(col, vectors, tokens, args.out)
+        per[col.name], channels[col.name], lex, fused = heads(col, vectors, tokens, args.out)
+        runs[col.name] = (col, fused)
         channels[col.name].update(e5_rows(col, lex) or {})
         print(f"rerank_study: {col.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     result = study(per)
     result["channels"] = channels
+    result["stage"] = stage_study(runs)
     (args.out / "rerank-study.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     text = render(result, channels)
     (args.out / "rerank-study.md").write_text(text)

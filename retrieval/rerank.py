@@ -9,9 +9,11 @@ a turn's meaning often sits in the turn before it. Two facts a record carries fi
   ("Name: ", at most 40 characters before the colon), the query names that label as a word, and
   at least SPEAKER_MIN_RECORDS head records carry it (a speaker says several things; a document's
   "Vitamin D: ..." topic line labels one record);
-* ``neighbour``: the best fused score of the records just before and just after it in event order
-  (``primary_event.at``, ties broken by record id); a record whose neighbour shares its instant has
-  none on that side, so a batch captured at one instant (a document collection) has no order.
+* ``neighbour``: for a conversation turn (a record with a speaker label), the best fused score of
+  the records just before and just after it in event order (``primary_event.at``, ties broken by
+  record id); a record whose neighbour shares its instant has none on that side, so a batch
+  captured at one instant (a document collection) has no order. Other memories take none: records
+  captured one after another need not be about the same thing.
 
 Each feature is z-scored over the head and the head is reordered by
 ``fused + σ_fused · Σ w · z(feature)`` -- the same order as ``z(fused) + Σ w · z(feature)``, kept in
@@ -115,8 +117,10 @@ def features(query: str, head: Sequence[tuple[str, float]], facts: Mapping[str, 
              for rid, _score in head]
     counts = Counter(label for labels in named for label in labels)
     speaker = [1.0 if any(counts[label] >= SPEAKER_MIN_RECORDS for label in labels) else 0.0 for labels in named]
-    neighbour = [max((fused.get(n, 0.0) for n in facts.get(rid, empty).neighbours), default=0.0)
-                 for rid, _score in head]
+    # Only a conversation turn (a record with a speaker label) takes its neighbours' scores: other
+    # memories captured one after another need not be about the same thing.
+    neighbour = [max((fused.get(n, 0.0) for n in fact.neighbours), default=0.0) if fact.labels else 0.0
+                 for fact in (facts.get(rid, empty) for rid, _score in head)]
     return {"neighbour": neighbour, "speaker": speaker}
 
 

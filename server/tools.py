@@ -46,8 +46,8 @@ DESCRIPTIONS: dict[str, str] = {
         " returned only at or above the receipt's semantic_floor cosine, so an empty records list means"
         " no match: nothing with a query word and nothing close. The hybrid's top hits are then reordered"
         " by conversation structure (the receipt's fusion.rerank): a record whose text has a line"
-        " starting \"Name: \" ranks higher when the query names Name, and a record whose neighbours in"
-        " primary_event.at order match the query rises with them. STALE_PAGE: search again without page_cursor;"
+        " starting \"Name: \" ranks higher when the query names Name, and such a conversation turn rises"
+        " with its neighbours in primary_event.at order when they match. STALE_PAGE: search again without page_cursor;"
         " RESULT_TOO_LARGE or PROJECTION_OVERSIZED: lower limit or adjust max_packet_bytes."
     ),
     "get": (

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from engram_memory.models.limits import SEMANTIC_FLOOR
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SEMANTIC_FLOOR
 from tests.conftest import (
     ALL,
     CONTEXT,
@@ -52,6 +52,7 @@ UNAVAILABLE = {"code": "RANKING_UNAVAILABLE", "message": "A required ranking cha
 # data dirs gets the same ENGRAM_CLOCK_MS, and every payload instant is fixed relative to it.
 FROZEN_MS = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z
 FROZEN_VALID_T = FROZEN_MS - 3_600_000
+RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
         value = hybrid["output"]["value"]
         receipt = value["rank_receipt"]
         assert receipt["profile"] == "hybrid_v1"
-        assert receipt["fusion"] == {"method": "rrf", "k": 60, "semantic_floor": SEMANTIC_FLOOR}
+        assert receipt["fusion"] == {"method": "rrf", "k": 60, "semantic_floor": SEMANTIC_FLOOR, "rerank": RERANK}
         lex, sem = receipt["channels"]
         assert (lex["channel"], lex["contributed"], lex["engine"], lex["index_kind"]) == (
             "lexical", True, "tantivy", "bm25")
@@ -231,7 +232,7 @@ async def test_dbsf_selected_by_the_host_fuses_unclipped_scores_from_the_receipt
         hybrid, _ = await hybrid_when_ready(mcp, "cat on the mat by the window")
         receipt = hybrid["output"]["value"]["rank_receipt"]
         assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5},
-                                     "semantic_floor": -1.0}
+                                     "semantic_floor": -1.0, "rerank": RERANK}  # inert here: no speakers, one instant
         ranked = receipt["ranked"]
         assert len(ranked) == 6 and ranked[0]["record_id"] == target_id  # limit 10: every hit is listed
         norm: dict[str, dict[str, float]] = {}

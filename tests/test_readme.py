@@ -164,6 +164,18 @@ def test_the_documented_search_floor_and_fusion_are_the_engine_defaults() -> Non
     assert EngineSettings().fusion == "dbsf" and f"**DBSF, weights {lexical}/{semantic}**" in README
 
 
+def test_the_documented_rerank_stage_is_the_engine_default() -> None:
+    """The README and the search description name the stage the engine runs, its head and weights."""
+    from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
+    from engram_memory.models.settings import EngineSettings
+    from engram_memory.server.tools import DESCRIPTIONS
+
+    weights = dict(RERANK_WEIGHTS)
+    assert EngineSettings().rerank and "fusion.rerank" in DESCRIPTIONS["search"]
+    assert f"top {RERANK_HEAD}" in README
+    assert f"speaker {weights['speaker']:g}, neighbour {weights['neighbour']:g}" in README
+
+
 def test_readme_python_modules_take_their_flags(offline_env: dict[str, str]) -> None:
     """Every `python -m engram_memory.<module> --flag` in the README runs --help and knows the flag."""
     seen = 0

@@ -78,11 +78,14 @@ def test_the_named_speaker_rises_and_the_tail_stays() -> None:
 
 def test_a_strong_neighbour_lifts_a_record() -> None:
     ranked = _ranked(30) + [("far", 0.2)]
-    facts = {"r20": HeadFacts(frozenset(), ("r00",)), "r21": HeadFacts(frozenset(), ("far",))}
+    turn = frozenset({"Ann"})
+    facts = {"r20": HeadFacts(turn, ("r00",)), "r21": HeadFacts(turn, ("far",)),
+             "r22": HeadFacts(frozenset(), ("r00",))}
     out = [rid for rid, _ in rerank("anything", ranked, facts, RerankConfig())]
     assert out.index("r20") < out.index("r21") < 20  # any neighbour beats none; the stronger more
     values = features("anything", ranked[:30], facts, dict(ranked))
     assert values["neighbour"][20] == 1.0 and values["neighbour"][21] == 0.2
+    assert values["neighbour"][22] == 0.0  # not a conversation turn: its neighbours do not count
 
 
 def test_order_equals_the_z_scored_sum_the_study_ranks_by() -> None:
