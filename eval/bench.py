@@ -428,6 +428,9 @@ def run_bench(
         # store at a time, so reopen the same store with that config.
         with _open_engine(store, "lexical") as engine:
             row["search"]["lexical"] = pcts(_search_latency(engine, queries, hybrid=False))
+        # The rerank stage's cost (retrieval/rerank.py): the same hybrid searches with it off.
+        with _open_engine(store, "hybrid", rerank=False) as engine:
+            row["search"]["hybrid_without_rerank"] = pcts(_search_latency(engine, queries))
         row["peak_rss_mib"] = peak_rss_mib()
         # What a host sees: the same store through the real stdio server (the engine is closed;
         # the next size reopens it once the server has exited).
@@ -450,13 +453,13 @@ def run_bench(
 
 
 @contextmanager
-def _open_engine(store: Path, channels: str, busy_wait_s: float = 30.0) -> Iterator[Any]:
+def _open_engine(store: Path, channels: str, busy_wait_s: float = 30.0, **overrides: Any) -> Iterator[Any]:
     """open_engine, waiting out a just-stopped MCP server that still holds the data directory."""
     from engram_memory.store.engine import StoreBusyError
 
     deadline = time.monotonic() + busy_wait_s
     while True:
-        cm = open_engine(store, channels)
+        cm = open_engine(store, channels, **overrides)
         try:
             engine = cm.__enter__()
             break
@@ -582,7 +585,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for size, row in r["sizes"].items():
         s = row["search"]
-        for name in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
+        for name in ("lexical", "hybrid", "hybrid_without_rerank", "hybrid_precomputed_vector", "query_encode"):
             if s.get(name):
                 lines.append(f"| {int(size):,} | engram {name} | {_f(s[name]['p50'], 2)} | {_f(s[name]['p95'], 2)} "
                              f"| {_f(s[name]['p99'], 2)} |")

@@ -40,6 +40,7 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("lexical_vs_lancedb_fts", "lexical/LanceDB FTS p50", "<=", 1.0),
     ("hybrid_vs_lancedb_hybrid", "hybrid/LanceDB hybrid p50", "<=", 0.5),
     ("hybrid_vs_parts", "hybrid/sum of parts p50", "<=", 1.3),
+    ("rerank_overhead", "hybrid/hybrid without the rerank stage p50", "<=", 1.1),
     ("concurrency", f"{SEARCHERS} searchers/1 throughput", ">=", 1.6),
     ("mcp_vs_in_process", "MCP hybrid/(in-process hybrid + cheapest call) p50", "<=", 1.3),
 )
@@ -99,6 +100,9 @@ def compute_ratios(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     label, op, target = spec["hybrid_vs_parts"]
     out["hybrid_vs_parts"] = ratio_entry(label, hybrid, _get(row, "parts", "sum_p50"), op, target,
                                          reason=_get(row, "parts", "error"))
+    label, op, target = spec["rerank_overhead"]
+    out["rerank_overhead"] = ratio_entry(label, hybrid, _get(row, "search", "hybrid_without_rerank", "p50"), op,
+                                         target, reason="no run without the rerank stage")
     label, op, target = spec["concurrency"]
     conc = row.get("concurrency") or {}
     out["concurrency"] = ratio_entry(label, _get(conc, "threads", "searches_per_s"),

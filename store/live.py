@@ -64,6 +64,9 @@ class ScopeViews:
     _records: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
     # Per record: its redacted packet core and the core's canonical bytes (store/reads.py).
     _cores: dict[str, tuple[dict[str, Any], bytes]] = field(default_factory=dict)
+    # Per current record: its speaker labels (retrieval/rerank.py), kept past the body cache's LRU
+    # so the rerank stage decrypts a head record once, not on every search that ranks it.
+    _labels: dict[str, frozenset[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, scope_ref: str) -> ScopeView | None:
@@ -83,6 +86,7 @@ class ScopeViews:
         with self._lock:
             self._records.clear()
             self._cores.clear()
+            self._labels.clear()
 
     def expiry_due(self, scope_ref: str, now: int) -> bool:
         """True when some current record of a loaded scope has reached expires_at."""
@@ -109,6 +113,7 @@ class ScopeViews:
             for rid in ids:
                 self._records.pop(rid, None)
                 self._cores.pop(rid, None)
+                self._labels.pop(rid, None)
         view = self.views.get(scope_ref)
         if view is None:
             return
@@ -138,6 +143,14 @@ class ScopeViews:
             while len(self._records) > RECORD_CACHE_SIZE:
                 evicted, _ = self._records.popitem(last=False)
                 self._cores.pop(evicted, None)
+
+    def labels(self, record_ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        labels = self._labels
+        return {rid: found for rid in record_ids if (found := labels.get(rid)) is not None}
+
+    def remember_labels(self, labels: dict[str, frozenset[str]]) -> None:
+        with self._lock:
+            self._labels.update(labels)
 
     def core(self, record_id: str) -> tuple[dict[str, Any], bytes] | None:
         return self._cores.get(record_id)

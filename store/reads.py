@@ -175,9 +175,13 @@ class ReadPath:
         """The fused head reordered by its records' speaker labels and event-order neighbours."""
         assert self.rerank is not None
         head = [rid for rid, _ in ranking.fused[: self.rerank.head]]
-        records = self.load_page(scope, head)  # decrypted once, then cached with the page's
-        facts = {rid: HeadFacts(speaker_labels(primary_text(records[rid])) if rid in records else frozenset(),
-                                view.timeline.neighbours(rid)) for rid in head}
+        labels = self.cache.labels(head)
+        missing = [rid for rid in head if rid not in labels]
+        if missing:  # decrypted once per record; its labels outlive the body cache
+            fresh = {rid: speaker_labels(primary_text(r)) for rid, r in self.load_page(scope, missing).items()}
+            self.cache.remember_labels(fresh)
+            labels.update(fresh)
+        facts = {rid: HeadFacts(labels.get(rid, frozenset()), view.timeline.neighbours(rid)) for rid in head}
         return Ranking(rerank(query, ranking.fused, facts, self.rerank), ranking.channels)
 
     def _channel_state(self, scope: str, semantic: bool) -> ChannelState:

@@ -23,7 +23,8 @@ from engram_memory.eval.bench_parts import (
 
 def _row(**over: object) -> dict:
     row = {
-        "search": {"lexical": {"p50": 4.2, "p95": 5.0}, "hybrid": {"p50": 10.0, "p95": 12.0}},
+        "search": {"lexical": {"p50": 4.2, "p95": 5.0}, "hybrid": {"p50": 10.0, "p95": 12.0},
+                   "hybrid_without_rerank": {"p50": 9.5, "p95": 11.0}},
         "peer": {"lexical": {"p50": 5.0}, "hybrid": {"p50": 25.0}},
         "parts": {"depth": 1000, "encode": {"p50": 5.0, "p95": 6.0}, "lexical": {"p50": 1.0, "p95": 1.2},
                   "vectors": {"p50": 2.0, "p95": 2.5}, "sum_p50": 8.0},
@@ -61,6 +62,7 @@ def test_compute_ratios_full_row() -> None:
     assert r["lexical_vs_lancedb_fts"]["value"] == pytest.approx(4.2 / 5.0) and r["lexical_vs_lancedb_fts"]["passed"]
     assert r["hybrid_vs_lancedb_hybrid"]["value"] == pytest.approx(0.4) and r["hybrid_vs_lancedb_hybrid"]["passed"]
     assert r["hybrid_vs_parts"]["value"] == pytest.approx(1.25) and r["hybrid_vs_parts"]["passed"]
+    assert r["rerank_overhead"]["value"] == pytest.approx(10.0 / 9.5) and r["rerank_overhead"]["passed"]
     assert r["concurrency"]["value"] == pytest.approx(1.5) and r["concurrency"]["passed"] is False
     assert r["mcp_vs_in_process"]["value"] == pytest.approx(13.0 / 11.0) and r["mcp_vs_in_process"]["passed"]
     json.dumps(r)  # bench.json material
