@@ -121,3 +121,19 @@ def test_documents_at_one_instant_rank_exactly_as_without_the_stage(tmp_path: Pa
     finally:
         on.close()
         off.close()
+
+
+def test_pages_of_a_reranked_ranking_follow_it(both) -> None:
+    """The cursor pins the reranked order: page after page gives exactly the one-page answer."""
+    on, _off, ids, _ = both
+    whole = search(on, AGENCY, capability_policy=HYBRID)
+    seen, cursor = [], None
+    while True:
+        extra = {"page_cursor": cursor} if cursor else {}
+        page = search(on, AGENCY, capability_policy=HYBRID, limit=2, **extra)
+        seen += [(p["record"]["record_id"], p["score"], p["rank"]) for p in page["records"]]
+        cursor = page.get("next_page_cursor")
+        if cursor is None:
+            break
+    assert seen == [(p["record"]["record_id"], p["score"], p["rank"]) for p in whole["records"]]
+    assert order(whole, ids)[0] == 3 and len(seen) == len(whole["records"]) > 2
