@@ -172,6 +172,9 @@ def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -
 
     if _TORCH_THREADS:
         overrides = {"encode_threads": _TORCH_THREADS[0], **overrides}
+    # A channel scored alone is the channel's own ranking (the rows beside bm25s and LanceDB's);
+    # the rerank stage runs on the hybrid, as the engine ships.
+    overrides = {"rerank": channels == "hybrid", **overrides}
     return EngineSettings(data_dir=store_dir, channels=CHANNEL_SETS[channels], **overrides)
 
 

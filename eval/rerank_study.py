@@ -43,6 +43,7 @@ from engram_memory.eval import memory_study as ms
 from engram_memory.eval import metrics
 from engram_memory.eval.beir import Collection, collection_folders, load_collection
 from engram_memory.eval.ingest import event_at
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 from engram_memory.retrieval.rerank import HeadFacts, Timeline, features, speaker_labels
 
 HEAD = 30
@@ -198,6 +199,16 @@ def structure_queries(col: Collection, fused: ms.Run, head: int) -> list[Query]:
     return out
 
 
+def lexical_stage(runs: dict[str, tuple[Collection, ms.Run]]) -> dict[str, dict[str, float]]:
+    """The engine's stage (its head and weights) on the lexical channel's ranking alone -- the
+    lexical_v1 profile a server without the model, or one whose model is loading, answers with."""
+    weights = dict(RERANK_WEIGHTS)
+    per = {n: structure_queries(col, run, RERANK_HEAD) for n, (col, run) in runs.items()}
+    return {label: {n: evaluate(per[n], np.array(w))[0] for n in sorted(per)}
+            for label, w in (("lexical", (1.0, 0.0, 0.0)),
+                             ("lexical + the stage", (1.0, weights["speaker"], weights["neighbour"])))}
+
+
 def stage_study(runs: dict[str, tuple[Collection, ms.Run]]) -> dict[str, Any]:
     """The engine's stage: head size and (speaker, neighbour) weights chosen together, in sample
     and by rotation -- what models/limits.py's RERANK_HEAD and RERANK_WEIGHTS come from."""
@@ -338,6 +349,11 @@ def render(result: dict[str, Any], channels: dict[str, dict[str, dict[str, float
         lines += ["", "Rotation choices: " + "; ".join(f"{n}: {c}" for n, c in stage["rotation_choices"].items()),
                   "", "Best weights per head (mean nDCG@10): "
                   + "; ".join(f"{h}: {v['best']} {v['ndcg']:.4f}" for h, v in stage["per_head"].items())]
+    lexical = result.get("stage_lexical")
+    if lexical:
+        lines += ["", "The engine's stage on the lexical channel alone (the lexical_v1 profile; nDCG@10):", "",
+                  "| run " + head, "|---|" + "---:|" * (len(names) + 1)]
+        lines += [f"| {label} | {cells(values)} |" for label, values in lexical.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -352,15 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     channels: dict[str, dict[str, dict[str, float]]] = {}
     t0 = time.perf_counter()
     runs: dict[str, tuple[Collection, ms.Run]] = {}
+    lexical_runs: dict[str, tuple[Collection, ms.Run]] = {}
     for folder in collection_folders(args.data) or [args.data]:
         col = load_collection(folder)
         per[col.name], channels[col.name], lex, fused = heads(col, vectors, tokens, args.out)
         runs[col.name] = (col, fused)
+        lexical_runs[col.name] = (col, {q: lex[q] for q in fused if q in lex})
         channels[col.name].update(e5_rows(col, lex) or {})
         print(f"rerank_study: {col.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     result = study(per)
     result["channels"] = channels
     result["stage"] = stage_study(runs)
+    result["stage_lexical"] = lexical_stage(lexical_runs)
     (args.out / "rerank-study.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     text = render(result, channels)
     (args.out / "rerank-study.md").write_text(text)

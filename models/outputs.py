@@ -146,7 +146,7 @@ class RerankWeights(Closed):
 
 
 class Rerank(Closed):
-    """The hybrid's second stage (retrieval/rerank.py): how many fused hits it reorders, and how."""
+    """Search's second stage (retrieval/rerank.py): how many ranked hits it reorders, and how."""
 
     head: Rank
     weights: RerankWeights

@@ -53,7 +53,7 @@ class EngineSettings(BaseModel):
     )
     rerank: bool = Field(
         default=True,
-        description="Reorder the hybrid's top hits by named speaker labels and event-order neighbours.",
+        description="Reorder the top hits by named speaker labels and event-order neighbours.",
     )
     encode_threads: int | None = Field(
         default=ENCODE_THREADS,

@@ -1,4 +1,7 @@
-"""A second stage over the fused head: who said a record, and how its neighbours in time scored.
+"""A second stage over the ranking's head: who said a record, and how its neighbours in time scored.
+
+It runs on the fused hybrid and on a single channel's ranking alike (lexical_v1, while the model
+loads or without it); the evaluation scores each channel alone without it.
 
 On conversational memory the hybrid's top 30 holds most answers but orders them poorly
 (eval/rerank-study.md, issue 12): the lexical channel cannot tell a turn *spoken by* Caroline

@@ -44,7 +44,7 @@ DESCRIPTIONS: dict[str, str] = {
         " profile and channels say which ran), and minimum_channels \"lexical_and_semantic\" answers"
         " RANKING_UNAVAILABLE instead of ranking without it. A record only the semantic channel found is"
         " returned only at or above the receipt's semantic_floor cosine, so an empty records list means"
-        " no match: nothing with a query word and nothing close. The hybrid's top hits are then reordered"
+        " no match: nothing with a query word and nothing close. The top hits are then reordered"
         " by conversation structure (the receipt's fusion.rerank): a record whose text has a line"
         " starting \"Name: \" ranks higher when the query names Name, and such a conversation turn rises"
         " with its neighbours in primary_event.at order when they match. STALE_PAGE: search again without page_cursor;"

@@ -56,7 +56,7 @@ class ReadPath:
     load_page: Callable[[str, Sequence[str]], dict[str, dict[str, Any]]]
     server_secret: bytes
     cache: ScopeViews  # holds each cached record's redacted core and its canonical bytes
-    rerank: RerankConfig | None = None  # the hybrid's second stage (retrieval/rerank.py); None: off
+    rerank: RerankConfig | None = None  # search's second stage (retrieval/rerank.py); None: off
 
     def _core(self, record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The record's redacted packet core (record, redacted_fields, redaction digest) and
@@ -103,7 +103,8 @@ class ReadPath:
         eligible = view.eligible({rid for found in hits.values() for rid, _ in found}, valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         ranking = rank(hits, self.fusion)
-        reranked = self.rerank is not None and len(hits) > 1
+        # Every ranking, fused or one channel's (lexical_v1 while the model loads or without it).
+        reranked = self.rerank is not None and bool(hits)
         if reranked:
             ranking = self._rerank(scope, view, args["query"], ranking)
         ordered_ids = ranking.ids

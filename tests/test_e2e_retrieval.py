@@ -292,7 +292,7 @@ async def test_missing_model_is_ranking_unavailable_and_lexical_still_works(data
         assert ids_of(lexical) == [record_id]
         receipt = lexical["output"]["value"]["rank_receipt"]
         assert receipt["profile"] == "lexical_v1"
-        assert receipt["fusion"] == {"method": "none"}
+        assert receipt["fusion"] == {"method": "none", "rerank": RERANK}  # the stage runs on one channel too
         lex, sem = receipt["channels"]
         assert lex["channel"] == "lexical" and lex["contributed"] is True
         assert sem["channel"] == "semantic" and sem["contributed"] is False

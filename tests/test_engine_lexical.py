@@ -9,6 +9,7 @@ import pytest
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.errors import EngramError
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
@@ -23,6 +24,7 @@ DOCS = [
     "Deploys to staging happen every weekday at noon after the test suite passes.",
     "Our convention: every ADR cites the incident that motivated it.",
 ]
+RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
 
 
 def open_engine(path: Path, **kw) -> Engine:
@@ -59,7 +61,7 @@ def test_search_finds_ranks_and_receipts(engine: Engine) -> None:
     scores = [p["score"] for p in value["records"]]
     assert scores == sorted(scores, reverse=True)
     receipt = value["rank_receipt"]
-    assert receipt["profile"] == "lexical_v1" and receipt["fusion"] == {"method": "none"}
+    assert receipt["profile"] == "lexical_v1" and receipt["fusion"] == {"method": "none", "rerank": RERANK}
     lexical, semantic = receipt["channels"]
     assert lexical["engine"] == "tantivy" and lexical["contributed"] and lexical["index_cursor"] == "10"
     assert lexical["analyzer"] == "engram_en_stem_stop_v2"

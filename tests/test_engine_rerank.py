@@ -137,3 +137,28 @@ def test_pages_of_a_reranked_ranking_follow_it(both) -> None:
             break
     assert seen == [(p["record"]["record_id"], p["score"], p["rank"]) for p in whole["records"]]
     assert order(whole, ids)[0] == 3 and len(seen) == len(whole["records"]) > 2
+
+
+def test_a_lexical_only_ranking_is_reranked_too(tmp_path: Path) -> None:
+    """Without the model (or while it loads) the lexical_v1 ranking gets the same stage."""
+    from engram_memory.models.settings import EngineSettings
+
+    for rerank in (True, False):
+        engine = Engine.open(EngineSettings(data_dir=tmp_path / str(rerank), semantic=False, rerank=rerank),
+                             clock=lambda: T0)
+        try:
+            ids = []
+            for i, text in enumerate(TURNS):
+                args = capture_args(text, key=f"capture-key-{i:06d}")
+                args["payload"]["primary_event"]["at"] = T0 - 86_400_000 + i * 60_000
+                cap = call(engine, "capture", ctx(), args)
+                out = call(engine, "request_admission", ctx(),
+                           admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+                ids.append(out["outcome"]["record_id"])
+            got = search(engine, SUPPORT)
+            assert got["rank_receipt"]["profile"] == "lexical_v1"
+            assert ("rerank" in got["rank_receipt"]["fusion"]) is rerank
+            # BM25 alone puts "Thanks, Caroline! ... Caroline." second; the stage puts her own turns first
+            assert order(got, ids)[:2] == ([1, 5] if rerank else [1, 0]), order(got, ids)
+        finally:
+            engine.close()
