@@ -541,3 +541,41 @@ async def test_two_processes_two_data_dirs_same_calls_same_bytes(
             "next_page_cursor"]})
         assert out["error"] == STALE, out
 
+
+
+# ---- the rerank stage over MCP --------------------------------------------------------------
+
+TURNS = [
+    "Melanie: Thanks, Caroline! A support group sounds lovely, Caroline.",
+    "Caroline: I went to a support group yesterday and it was so powerful.",
+    "Melanie: The kids painted a sunrise by the lake last summer.",
+    "Caroline: I chose the agency because they help LGBTQ+ folks with adoption.",
+    "Melanie: What did you like most about the adoption agency?",
+    "Caroline: They were inclusive and kind.",
+]
+
+
+async def test_conversation_turns_are_reranked_by_speaker_and_neighbours_over_mcp(
+    start_server, data_dir_factory
+) -> None:
+    """Turns captured a minute apart through the stdio server: the named speaker's turn leads and
+    the receipt names the stage; the same store served with --no-rerank keeps the fused order."""
+    data_dir = data_dir_factory("rerank")
+    async with start_server(data_dir) as mcp:
+        ids = []
+        for i, text in enumerate(TURNS):
+            args = capture_args(text, key=key(f"turn{i}"), at=FROZEN_VALID_T + i * 60_000)
+            cap = await mcp.call("capture", args)
+            adm = await mcp.call("request_admission", {"candidate_id": cap["output"]["value"]["candidate_id"],
+                                                       "idempotency_key": key(f"turn-admit{i}")})
+            ids.append(adm["output"]["value"]["outcome"]["record_id"])
+        on, _ = await hybrid_when_ready(mcp, "When did Caroline go to the support group?")
+        why = await mcp.call("search", search_args("Why did Caroline choose the adoption agency?",
+                                                   capability_policy=HYBRID))
+    async with start_server(data_dir, extra=["--no-rerank"]) as mcp:
+        off, _ = await hybrid_when_ready(mcp, "When did Caroline go to the support group?")
+    assert on["output"]["value"]["rank_receipt"]["fusion"]["rerank"] == RERANK
+    assert "rerank" not in off["output"]["value"]["rank_receipt"]["fusion"]
+    order_on, order_off = [ids.index(r) for r in ids_of(on)], [ids.index(r) for r in ids_of(off)]
+    assert order_off[:2] == [1, 0] and order_on[0] == 1 and order_on.index(0) > 1  # "Thanks, Caroline!" drops
+    assert ids_of(why)[0] == ids[3]  # her own answer leads
