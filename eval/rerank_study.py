@@ -61,7 +61,6 @@ SUBSETS = {
     "+ every feature": set(FEATURES),
 }
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\s*\[shares a photo: ")
-_SPEAKER = re.compile(r"^([^:\n]{1,40}):\s")
 
 
 @dataclass
@@ -118,8 +117,8 @@ class TokenModel:
 
 
 def speaker(text: str) -> str | None:
-    m = _SPEAKER.match(text)
-    return m.group(1) if m else None
+    """The label of the turn's first line, by retrieval/rerank.py's rule (a line holds at most one)."""
+    return next(iter(speaker_labels(text.split("\n", 1)[0])), None)
 
 
 def sentences(title: str, text: str) -> list[str]:

@@ -100,15 +100,19 @@ def speaker_labels(text: str) -> frozenset[str]:
     return frozenset(m.group(1).strip() for m in _LABEL.finditer(text) if m.group(1).strip())
 
 
-def names_label(query: str, labels: frozenset[str]) -> bool:
-    """True when the query holds one of the labels as a whole word (case-sensitive: a name)."""
-    return any(re.search(rf"(?<!\w){re.escape(label)}(?!\w)", query) for label in labels)
+def names_label(query: str, label: str) -> bool:
+    """True when the query holds the label as a whole word (case-sensitive: a name)."""
+    return re.search(rf"(?<!\w){re.escape(label)}(?!\w)", query) is not None
+
+
+def _moments(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population standard deviation, summed exactly (the same bits every run)."""
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 def _z(values: Sequence[float]) -> list[float]:
-    n = len(values)
-    mean = math.fsum(values) / n
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n)
+    mean, sd = _moments(values)
     return [(v - mean) / sd if sd > 0.0 else 0.0 for v in values]
 
 
@@ -116,7 +120,7 @@ def features(query: str, head: Sequence[tuple[str, float]], facts: Mapping[str, 
              fused: Mapping[str, float]) -> dict[str, list[float]]:
     """Each feature's raw value for every head record, in head order."""
     empty = HeadFacts()
-    named = [frozenset(label for label in facts.get(rid, empty).labels if names_label(query, frozenset({label})))
+    named = [frozenset(label for label in facts.get(rid, empty).labels if names_label(query, label))
              for rid, _score in head]
     counts = Counter(label for labels in named for label in labels)
     speaker = [1.0 if any(counts[label] >= SPEAKER_MIN_RECORDS for label in labels) else 0.0 for labels in named]
@@ -133,9 +137,7 @@ def rerank(query: str, ranked: Sequence[tuple[str, float]], facts: Mapping[str, 
     head = list(ranked[: config.head])
     if len(head) < 2:
         return list(ranked)
-    scores = [s for _rid, s in head]
-    mean = math.fsum(scores) / len(scores)
-    spread = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / len(scores)) or 1.0
+    spread = _moments([s for _rid, s in head])[1] or 1.0
     values = features(query, head, facts, dict(ranked))
     zs = {name: _z(values[name]) for name in FEATURES if config.weights[name]}
     moved = [

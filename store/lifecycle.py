@@ -67,8 +67,7 @@ def lexical_fields(record: dict[str, Any]) -> dict[str, str]:
     by_kind: dict[str, list[str]] = {"decision": [], "evidence": [], "context": []}
     for component in record["components"]:
         by_kind[component["kind"]].append(component["text"])
-        if component["component_id"] == record["primary_component_id"]:
-            fields["primary"] = component["text"]
+    fields["primary"] = primary_text(record)
     for kind, texts in by_kind.items():
         fields[kind] = "\n".join(texts)
     fields["citations"] = "\n".join(c["source_ref"] for c in record["citations"])

@@ -40,11 +40,10 @@ class Window:
 class ScopeView:
     projection_cursor: int
     live: dict[str, Window] = field(default_factory=dict)
-    timeline: Timeline = field(default_factory=Timeline)  # the live records in event order
+    timeline: Timeline = field(init=False)  # the live records in event order, kept with ``live``
 
     def __post_init__(self) -> None:
-        if not len(self.timeline):
-            self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items() if w.event_at is not None})
+        self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items() if w.event_at is not None})
 
     def next_expiry(self) -> int | None:
         expiring = [w.expires_at_ms for w in self.live.values() if w.expires_at_ms is not None]

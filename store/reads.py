@@ -104,9 +104,9 @@ class ReadPath:
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         ranking = rank(hits, self.fusion)
         # Every ranking, fused or one channel's (lexical_v1 while the model loads or without it).
-        reranked = self.rerank is not None and bool(hits)
-        if reranked:
-            ranking = self._rerank(scope, view, args["query"], ranking)
+        stage = self.rerank if hits else None
+        if stage is not None:
+            ranking = self._rerank(scope, view, args["query"], ranking, stage)
         ordered_ids = ranking.ids
         ordered_digest = receipt_digest("recall-ordered", {"ordered_ids": ordered_ids})
         if pin is not None and pin.ordered_ids_digest != ordered_digest:
@@ -136,8 +136,8 @@ class ReadPath:
         receipts = channel_receipts(self._channel_state(scope, semantic))
         fused = len(hits) > 1
         fusion = self.fusion.describe(fused, floored(hits))
-        if reranked and self.rerank is not None:
-            fusion["rerank"] = self.rerank.describe()
+        if stage is not None:
+            fusion["rerank"] = stage.describe()
         receipt: dict[str, Any] = {
             "request_digest": request_digest,
             "profile": profile,
@@ -172,10 +172,9 @@ class ReadPath:
         value["response_digest"] = digest_bytes("recall-packet", body)
         return value
 
-    def _rerank(self, scope: str, view: ScopeView, query: str, ranking: Ranking) -> Ranking:
-        """The fused head reordered by its records' speaker labels and event-order neighbours."""
-        assert self.rerank is not None
-        head = [rid for rid, _ in ranking.fused[: self.rerank.head]]
+    def _rerank(self, scope: str, view: ScopeView, query: str, ranking: Ranking, stage: RerankConfig) -> Ranking:
+        """The ranking's head reordered by its records' speaker labels and event-order neighbours."""
+        head = [rid for rid, _ in ranking.fused[: stage.head]]
         labels = self.cache.labels(head)
         missing = [rid for rid in head if rid not in labels]
         if missing:  # decrypted once per record; its labels outlive the body cache
@@ -183,7 +182,7 @@ class ReadPath:
             self.cache.remember_labels(fresh)
             labels.update(fresh)
         facts = {rid: HeadFacts(labels.get(rid, frozenset()), view.timeline.neighbours(rid)) for rid in head}
-        return Ranking(rerank(query, ranking.fused, facts, self.rerank), ranking.channels)
+        return Ranking(rerank(query, ranking.fused, facts, stage), ranking.channels)
 
     def _channel_state(self, scope: str, semantic: bool) -> ChannelState:
         semantic = semantic and "semantic" in self.channels

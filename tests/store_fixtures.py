@@ -6,9 +6,11 @@ import hashlib
 from typing import Any
 
 from engram_memory.models.context import HostContext
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 
 T0 = 1_780_000_000_000  # 2026-05-28T20:26:40.000Z
 PURPOSE = "purpose:test"
+RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}  # what every receipt's fusion.rerank says
 
 
 def ctx(tenant: str = "acme", workspace: str = "main", principal: str = "alice") -> HostContext:

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SEMANTIC_FLOOR
+from engram_memory.models.limits import SEMANTIC_FLOOR
 from tests.conftest import (
     ALL,
     CONTEXT,
@@ -37,6 +37,8 @@ from tests.conftest import (
     serve_argv,
 )
 from tests.retrieval_fixtures import disk_files
+from tests.store_fixtures import RERANK
+from tests.test_engine_rerank import TURNS
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +54,6 @@ UNAVAILABLE = {"code": "RANKING_UNAVAILABLE", "message": "A required ranking cha
 # data dirs gets the same ENGRAM_CLOCK_MS, and every payload instant is fixed relative to it.
 FROZEN_MS = 1_767_225_600_000  # 2026-01-01T00:00:00.000Z
 FROZEN_VALID_T = FROZEN_MS - 3_600_000
-RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -545,14 +546,6 @@ async def test_two_processes_two_data_dirs_same_calls_same_bytes(
 
 # ---- the rerank stage over MCP --------------------------------------------------------------
 
-TURNS = [
-    "Melanie: Thanks, Caroline! A support group sounds lovely, Caroline.",
-    "Caroline: I went to a support group yesterday and it was so powerful.",
-    "Melanie: The kids painted a sunrise by the lake last summer.",
-    "Caroline: I chose the agency because they help LGBTQ+ folks with adoption.",
-    "Melanie: What did you like most about the adoption agency?",
-    "Caroline: They were inclusive and kind.",
-]
 
 
 async def test_conversation_turns_are_reranked_by_speaker_and_neighbours_over_mcp(

@@ -14,14 +14,14 @@ import pytest
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.errors import EngramError
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SEMANTIC_FLOOR
+from engram_memory.models.limits import SEMANTIC_FLOOR
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.vectors import normalize_rows
 from engram_memory.store.engine import Engine
 from engram_memory.store.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
+from tests.store_fixtures import PURPOSE, RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 
 DOCS = [
     "The cat sat on the mat near the window all afternoon.",
@@ -74,7 +74,7 @@ def test_semantic_finds_records_sharing_no_word(built) -> None:
     assert receipt["profile"] == "hybrid_v1"
     assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5},
                                  "semantic_floor": SEMANTIC_FLOOR,
-                                 "rerank": {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}}
+                                 "rerank": RERANK}
     semantic = receipt["channels"][1]
     assert semantic["contributed"] and semantic["index_kind"] == "exact" and semantic["engine"] == "numpy"
     assert semantic["model_id"].endswith("all-MiniLM-L6-v2") and semantic["model_digest"].startswith("sha256:")

@@ -9,13 +9,12 @@ import pytest
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.errors import EngramError
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
 from engram_memory.store.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
+from tests.store_fixtures import PURPOSE, RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 
 DOCS = [
     "We adopted DuckDB as the single source of truth for lifecycle state.",
@@ -24,7 +23,6 @@ DOCS = [
     "Deploys to staging happen every weekday at noon after the test suite passes.",
     "Our convention: every ADR cites the incident that motivated it.",
 ]
-RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
 
 
 def open_engine(path: Path, **kw) -> Engine:

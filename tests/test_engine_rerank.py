@@ -9,9 +9,8 @@ import duckdb
 import pytest
 
 from engram_memory.models.canonical import canonical_bytes
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 from engram_memory.store.engine import Engine
-from tests.store_fixtures import T0, admission_args, call, capture_args, ctx, forget_args
+from tests.store_fixtures import RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 from tests.test_engine_hybrid import DOCS, HYBRID, open_engine, search
 
 TURNS = [
@@ -60,7 +59,7 @@ def test_the_named_speaker_outranks_a_turn_that_only_addresses_her(both) -> None
     got = search(on, SUPPORT, capability_policy=HYBRID)
     assert order(got, ids)[0] == 1 and order(got, ids).index(0) > 1  # the addressing turn drops below
     fusion = got["rank_receipt"]["fusion"]
-    assert fusion["rerank"] == {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}
+    assert fusion["rerank"] == RERANK
     assert "rerank" not in search(off, SUPPORT, capability_policy=HYBRID)["rank_receipt"]["fusion"]
     scores = [p["score"] for p in got["records"]]
     assert scores == sorted(scores, reverse=True)  # a head this small is the whole ranking

@@ -27,7 +27,7 @@ def test_speaker_labels_are_line_leading_names() -> None:
 
 
 def test_a_label_is_named_only_as_a_whole_word() -> None:
-    labels = frozenset({"Mel"})
+    labels = "Mel"
     assert names_label("What did Mel paint?", labels)
     assert names_label("Mel's painting", labels)
     assert not names_label("What did Melanie paint?", labels)
