@@ -419,7 +419,8 @@ def server_env() -> dict[str, str]:
 
 def make_keys(keys_dir: Path) -> None:
     """The real keygen, through the CLI (eval never imports the server package)."""
-    argv = [sys.executable, "-m", "engram_memory.server.cli", "host", "keygen", "--out", str(keys_dir), "--kid", KID]
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "host", "keygen", "--out", str(keys_dir), "--kid", KID,
+            "--scope", "*/*"]  # the bench's clients spread over several tenants
     done = subprocess.run(argv, env=server_env(), capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"host keygen failed: {(done.stderr or done.stdout).strip()[-400:]}")

@@ -3,9 +3,9 @@
 
 Set up (keys, then a server) and run::
 
-    engram-memory host keygen --out keys --kid host-a
-    engram-memory serve --http 127.0.0.1:8765 --data-dir data --host-keys keys/host-keys.toml &
-    python examples/host.py --url http://127.0.0.1:8765/mcp --host-keys-dir keys --kid host-a
+    engram-memory host keygen --out ~/.config/engram-memory/keys --kid host-a --scope example/demo
+    engram-memory serve --http 127.0.0.1:8765 --data-dir data --host-keys ~/.config/engram-memory/keys/host-keys.toml &
+    python examples/host.py --url http://127.0.0.1:8765/mcp --kid host-a --host-keys-dir ~/.config/engram-memory/keys
 
 What a host does, and this script shows:
 
@@ -191,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(main_async(args))
     except Exception as exc:  # noqa: BLE001 -- one line for whoever runs the example
-        print(f"example host: error: {leaf(exc)}", file=sys.stderr)
+        hint = ""
+        if "Trusted invocation context unavailable" in leaf(exc):
+            hint = (f" (is {args.tenant}/{args.workspace} among the scopes of host {args.kid} in the server's"
+                    " host-keys.toml, and is this key's file the one the server loaded?)")
+        print(f"example host: error: {leaf(exc)}{hint}", file=sys.stderr)
         return 1
     return 0
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -169,12 +170,13 @@ async def _cancel_on_signal(scope: anyio.CancelScope, signalled: list[int] | Non
             return
 
 
-def serve_http(cfg: ServeConfig) -> None:
-    """Streamable HTTP at /mcp for hosts that sign every call (server/http.py)."""
-    anyio.run(_serve_http, cfg)
+def serve_http(cfg: ServeConfig, listener: socket.socket) -> None:
+    """Streamable HTTP at /mcp for hosts that sign every call (server/http.py), on the listening
+    socket the launch bound first (server/http.py listen_socket)."""
+    anyio.run(_serve_http, cfg, listener)
 
 
-async def _serve_http(cfg: ServeConfig) -> None:
+async def _serve_http(cfg: ServeConfig, listener: socket.socket) -> None:
     import uvicorn
 
     assert cfg.host_keys is not None  # the config refuses --http without it
@@ -196,7 +198,7 @@ async def _serve_http(cfg: ServeConfig) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_on_hangup, ring)
             await tg.start(owner_socket, cfg, engine)  # local stdio hosts share this memory too
-            await server.serve()
+            await server.serve(sockets=[listener])
             tg.cancel_scope.cancel()
     finally:
         engine.close()

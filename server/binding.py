@@ -140,6 +140,8 @@ class SignedBinder:
                 raise TokenRefused("signed by another host than the bearer's")
             now = self.clock()
             claims: ContextClaims = verify(token, host_key.public_key, keys.server_id, now, ContextClaims)
+            if not host_key.binds(claims.tenant, claims.workspace):
+                raise TokenRefused(f"scope outside host {kid}'s scopes")
             if not self._contexts.claim(kid, claims.jti, claims.exp, now):
                 raise TokenRefused("context replayed")
             host = claims.host()
@@ -173,6 +175,8 @@ class SignedBinder:
             host_key = keys.hosts.get(kid)
             if host_key is None or kid != binding.kid:
                 raise TokenRefused("confirmation not signed by the context's host")
+            if not host_key.binds(binding.host.tenant, binding.host.workspace):
+                raise TokenRefused(f"scope outside host {kid}'s scopes")  # narrowed since the context
             now = self.clock()
             claims: ConfirmationClaims = verify(token, host_key.public_key, keys.server_id, now, ConfirmationClaims)
         except TokenRefused as exc:

@@ -104,10 +104,21 @@ def serve(
     """Serve the memory tools: over stdio to one launch-bound context, or over HTTP to signing hosts."""
     _setup_logging(log_level)
     flags = {k: v for k, v in locals().items() if k not in ("config", "log_level")}
+    listener = None
     try:
         cfg = load_config(flags, config)
+        if cfg.http:
+            from engram_memory.server.http import http_url, listen_socket
+
+            address = cfg.http_address
+            try:  # before the data dir is created: a busy port changes nothing
+                listener = listen_socket(*address)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {http_url(*address)}: {exc.strerror or exc}") from None
         cfg.preflight()
     except ConfigError as exc:
+        if listener is not None:
+            listener.close()
         raise _fail(str(exc)) from None
     reason = None if cfg.http else cfg.disabled_reason()
     if reason:
@@ -121,8 +132,8 @@ def serve(
     from engram_memory.store.engine import StoreBusyError
 
     try:
-        if cfg.http:
-            serve_http(cfg)
+        if listener is not None:
+            serve_http(cfg, listener)
         else:
             anyio.run(serve_stdio, cfg)
     except KeyboardInterrupt:

@@ -7,8 +7,12 @@ TOML, exactly::
     kid = "host-a"                        # names the signing key in JWT headers
     public_key_pem = \"\"\"-----BEGIN PUBLIC KEY-----...\"\"\"
     bearer_sha256 = "sha256:<64 hex>"     # sha256 of the host's bearer token (UTF-8)
+    scopes = ["acme/eng", "acme/*"]       # the TENANT/WORKSPACE scopes this host may bind
 
-The server re-reads it on SIGHUP; a file that no longer parses keeps the previous keys.
+``scopes`` is required and never empty: ``*`` stands for a whole segment, and a host that may
+bind everything says so with ``"*/*"``. A context naming a scope outside its host's list is
+refused like any untrusted context. The server re-reads the file on SIGHUP; a file that no
+longer parses keeps the previous keys.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hmac
 import os
 import re
 import tomllib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +40,45 @@ from engram_memory.server.config import ConfigError, read_toml
 
 DEFAULT_SERVER_ID = "engram-local"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_HOST_KEYS = frozenset({"kid", "public_key_pem", "bearer_sha256"})
+_HOST_KEYS = frozenset({"kid", "public_key_pem", "bearer_sha256", "scopes"})
+WILDCARD = "*"
+SCOPE_HELP = ('TENANT/WORKSPACE, each a name (A-Z a-z 0-9 . _ : @ -, starting with a letter or digit)'
+              ' or * for any; "*/*" binds every scope')
+
+
+@dataclass(frozen=True)
+class ScopePattern:
+    """``TENANT/WORKSPACE`` where ``*`` stands for a whole segment (never part of one)."""
+
+    tenant: str
+    workspace: str
+
+    @classmethod
+    def parse(cls, text: str) -> ScopePattern:
+        """Raises ValueError (without echoing the text) unless it is exactly two valid segments."""
+        parts = text.split("/") if isinstance(text, str) else []
+        if len(parts) != 2 or not all(p == WILDCARD or HOST_ID_PATTERN.match(p) for p in parts):
+            raise ValueError("a scope must be " + SCOPE_HELP)
+        return cls(parts[0], parts[1])
+
+    def matches(self, tenant: str, workspace: str) -> bool:
+        return self.tenant in (WILDCARD, tenant) and self.workspace in (WILDCARD, workspace)
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.workspace}"
+
+
+def parse_scopes(texts: Iterable[str]) -> tuple[ScopePattern, ...]:
+    """Every pattern checked; duplicates collapse, the order is kept."""
+    out: list[ScopePattern] = []
+    for text in texts:
+        pattern = ScopePattern.parse(text)
+        if pattern not in out:
+            out.append(pattern)
+    return tuple(out)
+
+
+ANY_SCOPE = (ScopePattern(WILDCARD, WILDCARD),)  # the data dir's own local key (server/local.py)
 
 
 @dataclass(frozen=True)
@@ -43,6 +86,11 @@ class HostKey:
     kid: str
     public_key: Ed25519PublicKey
     bearer_sha256: bytes  # the 32 raw digest bytes
+    scopes: tuple[ScopePattern, ...]  # never empty
+
+    def binds(self, tenant: str, workspace: str) -> bool:
+        """May this host sign a context (or a confirmation) for tenant/workspace?"""
+        return any(p.matches(tenant, workspace) for p in self.scopes)
 
 
 @dataclass(frozen=True)
@@ -75,8 +123,11 @@ def load_host_keys(path: Path) -> HostKeys:
     hosts: dict[str, HostKey] = {}
     for number, entry in enumerate(entries, 1):
         where = f"host-keys file {path}: host #{number}"
+        if isinstance(entry, dict) and set(entry) == _HOST_KEYS - {"scopes"}:
+            raise ConfigError(f"{where} has no scopes: list the TENANT/WORKSPACE scopes its host may bind,"
+                              ' e.g. scopes = ["acme/*"] ("*/*" for every scope)')
         if not isinstance(entry, dict) or set(entry) != _HOST_KEYS:
-            raise ConfigError(f"{where} must have exactly kid, public_key_pem and bearer_sha256")
+            raise ConfigError(f"{where} must have exactly kid, public_key_pem, bearer_sha256 and scopes")
         kid, pem, digest = entry["kid"], entry["public_key_pem"], entry["bearer_sha256"]
         if not isinstance(kid, str) or not HOST_ID_PATTERN.match(kid):
             raise ConfigError(f"{where}: kid must be 1-128 of A-Z a-z 0-9 . _ : @ -")
@@ -90,7 +141,14 @@ def load_host_keys(path: Path) -> HostKeys:
             public_key = None
         if public_key is None:
             raise ConfigError(f"{where} ({kid}): public_key_pem is not an Ed25519 public key in PEM")
-        hosts[kid] = HostKey(kid, public_key, bytes.fromhex(digest.removeprefix("sha256:")))
+        scopes = entry["scopes"]
+        if not isinstance(scopes, list) or not scopes or not all(isinstance(t, str) for t in scopes):
+            raise ConfigError(f"{where} ({kid}): scopes must be a non-empty list of " + SCOPE_HELP)
+        try:
+            patterns = parse_scopes(scopes)
+        except ValueError as exc:
+            raise ConfigError(f"{where} ({kid}): {exc}") from None
+        hosts[kid] = HostKey(kid, public_key, bytes.fromhex(digest.removeprefix("sha256:")), patterns)
     return HostKeys(server_id, hosts)
 
 
@@ -110,10 +168,11 @@ def write_owner_only(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def host_entry(kid: str, public_key_pem: str, bearer_sha256: str) -> str:
+def host_entry(kid: str, public_key_pem: str, bearer_sha256: str, scopes: Sequence[str]) -> str:
+    listed = ", ".join(f'"{t}"' for t in scopes)
     return (
         f'\n[[host]]\nkid = "{kid}"\npublic_key_pem = """{public_key_pem.strip()}"""\n'
-        f'bearer_sha256 = "{bearer_sha256}"\n'
+        f'bearer_sha256 = "{bearer_sha256}"\nscopes = [{listed}]\n'
     )
 
 
@@ -124,8 +183,15 @@ class Keygen:
     host_keys: Path
 
 
-def keygen(out_dir: Path, kid: str, server_id: str = DEFAULT_SERVER_ID) -> Keygen:
-    """Write ``NAME.private.pem`` and ``NAME.token`` (0600) and add the host to ``host-keys.toml``."""
+def keygen(out_dir: Path, kid: str, scopes: Sequence[str], server_id: str = DEFAULT_SERVER_ID) -> Keygen:
+    """Write ``NAME.private.pem`` and ``NAME.token`` (0600) and add the host, bound to ``scopes``,
+    to ``host-keys.toml``."""
+    if not scopes:
+        raise ConfigError("give at least one --scope TENANT/WORKSPACE (\"*/*\" for every scope)")
+    try:
+        patterns = parse_scopes(scopes)
+    except ValueError as exc:
+        raise ConfigError(f"--scope: {exc}") from None
     if not HOST_ID_PATTERN.match(kid):
         raise ConfigError("kid must be 1-128 of A-Z a-z 0-9 . _ : @ - (starting with a letter or digit)")
     if not HOST_ID_PATTERN.match(server_id):
@@ -141,7 +207,8 @@ def keygen(out_dir: Path, kid: str, server_id: str = DEFAULT_SERVER_ID) -> Keyge
         text = f'server_id = "{server_id}"\n'
     key = new_private_key()
     token = new_bearer_token()
-    text = text.rstrip("\n") + "\n" + host_entry(kid, public_pem(key), bearer_digest(token))
+    text = text.rstrip("\n") + "\n" + host_entry(kid, public_pem(key), bearer_digest(token),
+                                                  [str(p) for p in patterns])
     tomllib.loads(text)  # what we are about to write parses, before any file is written
     priv, tok = out_dir / f"{kid}.private.pem", out_dir / f"{kid}.token"
     write_owner_only(priv, private_pem(key))

@@ -10,6 +10,7 @@ and the data directory's Unix socket (local hosts, :mod:`engram_memory.server.lo
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,3 +86,18 @@ def http_url(host: str, port: int) -> str:
     """A URL for logs and clients; IPv6 literals are bracketed."""
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}{MCP_PATH}"
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The TCP listener, bound before anything else happens at launch: an address in use is one
+    line naming it (``OSError`` with a readable ``strerror``), and no data dir is created first."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock

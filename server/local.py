@@ -35,7 +35,7 @@ from engram_memory.models.hostauth import (
     private_pem,
 )
 from engram_memory.server.binding import KeyRing
-from engram_memory.server.hostkeys import HostKey, HostKeys, write_owner_only
+from engram_memory.server.hostkeys import ANY_SCOPE, HostKey, HostKeys, write_owner_only
 
 log = logging.getLogger("engram_memory.server")
 
@@ -80,6 +80,7 @@ def local_ring(key: LocalKey) -> KeyRing:
         LOCAL_KID,
         key.signer.key.public_key(),
         bytes.fromhex(bearer_digest(key.token).removeprefix("sha256:")),
+        ANY_SCOPE,  # the owner's own user: every launch on this directory binds its own scope
     )
     return KeyRing(None, HostKeys(LOCAL_AUDIENCE, {LOCAL_KID: host}))
 

@@ -1,8 +1,9 @@
 """Host-only maintenance commands (never agent tools): rebuild-index.
 
 Every option is checked before any work, and a user error is one ``engram-memory: error:``
-line on stderr with exit code 2 (nothing on stdout, nothing created); exit code 1 means only
-that ``--verify`` found differences.
+line on stderr with exit code 2 (nothing on stdout, nothing created). Exit code 1 is a refusal
+naming its code, as for every host command (``STORE_BUSY``: a server holds the data dir), or
+``--verify`` finding differences.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import typer
 from engram_memory.models.context import HOST_ID_PATTERN
 
 EXIT_DIFFERENCES = 1  # --verify found differences
+EXIT_REFUSED = 1  # a refusal naming its code (the admin commands' rule, server/admin_cli.py)
 EXIT_USAGE = 2  # a usage error: a bad option, no store there, a busy data dir
 KNOWN_SHOWN = 20  # scopes named in an unknown-scope error before "and N more"
 
@@ -77,11 +79,14 @@ def rebuild_index_cmd(
     # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).
     from engram_memory.store.db import StoreBusyError
     from engram_memory.store.rebuild import NoStoreError, UnknownScopeError, rebuild_index
+    from engram_memory.store.refusals import STORE_BUSY
 
     try:
         report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path)
     except StoreBusyError:
-        raise _fail(f"data dir {target} is in use by a running server; stop it first") from None
+        sys.stderr.write(f"engram-memory: error: {STORE_BUSY}: data dir {target} is in use by a running server;"
+                         " stop it first\n")
+        raise typer.Exit(EXIT_REFUSED) from None
     except NoStoreError as exc:
         raise _fail(str(exc)) from None
     except UnknownScopeError as exc:

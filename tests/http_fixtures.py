@@ -49,8 +49,8 @@ class HostKit:
     root: Path
     server_id: str = "engram-local"
 
-    def add(self, kid: str) -> None:
-        keygen(self.root, kid, self.server_id)
+    def add(self, kid: str, scopes: Sequence[str] = ("*/*",)) -> None:
+        keygen(self.root, kid, scopes, self.server_id)
 
     @property
     def host_keys(self) -> Path:

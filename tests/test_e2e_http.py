@@ -461,7 +461,7 @@ def rewrite_host_keys(kit: HostKit, keep: list[str]) -> None:
     text = f'server_id = "{data["server_id"]}"\n'
     for entry in data["host"]:
         if entry["kid"] in keep:
-            text += host_entry(entry["kid"], entry["public_key_pem"], entry["bearer_sha256"])
+            text += host_entry(entry["kid"], entry["public_key_pem"], entry["bearer_sha256"], entry["scopes"])
     tmp = kit.host_keys.with_name("host-keys.toml.new")
     tmp.write_text(text)
     tmp.chmod(0o600)
@@ -485,7 +485,8 @@ async def test_sighup_rotates_host_keys(tmp_path_factory: pytest.TempPathFactory
     host = host_context(tenant="rotation")
     with http_server(tmp_path_factory.mktemp("http-rot"), rot, offline_env) as srv:
         subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "host", "keygen", "--out", str(rot.root),
-                        "--kid", "host-c"], env=offline_env, capture_output=True, timeout=60, check=True)
+                        "--kid", "host-c", "--scope", "*/*"],
+                       env=offline_env, capture_output=True, timeout=60, check=True)
         # Added to the file, but not yet loaded: still 401.
         assert (await raw_post(srv.url, [("Authorization", f"Bearer {rot.token('host-c')}")])).status_code == 401
         srv.reload_keys()

@@ -491,10 +491,10 @@ async def test_rebuild_index_refuses_while_serving_then_verifies_identical_bytes
 
     async with frozen_server(data_dir, offline_env) as mcp:
         busy = await anyio.to_thread.run_sync(lambda: run_cli(["rebuild-index", "--data-dir", str(data_dir)], env))
-        assert busy.returncode == 2, (busy.returncode, busy.stdout, busy.stderr)
+        assert busy.returncode == 1, (busy.returncode, busy.stdout, busy.stderr)
         assert busy.stdout == ""
         assert busy.stderr.strip().splitlines()[-1] == (
-            f"engram-memory: error: data dir {data_dir} is in use by a running server; stop it first")
+            f"engram-memory: error: STORE_BUSY: data dir {data_dir} is in use by a running server; stop it first")
         assert "Traceback" not in busy.stderr
         # Across a restart (same data dir, same frozen clock): the same bytes, page cursor included.
         restarted = await frozen_searches(mcp)

@@ -371,7 +371,7 @@ async def test_http_server_on_an_owned_data_dir_exits_at_once(start_server, data
     """A second stdio launch relays (tests/test_local_hosts.py); an HTTP server cannot share."""
     data_dir = data_dir_factory("busy")
     keys = data_dir_factory("busy-keys")
-    keygen(keys, "host-a")
+    keygen(keys, "host-a", ["*/*"])
     async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
         assert (await mcp.call("search", search_args("warm up")))["ok"]
         argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", "127.0.0.1:1",

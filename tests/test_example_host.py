@@ -24,7 +24,8 @@ def run_example(url: str, keys: Path, kid: str, env: dict[str, str]) -> subproce
 
 def test_example_host_walks_the_lifecycle(tmp_path: Path, offline_env: dict[str, str]) -> None:
     kit = HostKit(tmp_path / "keys")
-    kit.add("host-a")
+    kit.add("host-a", ["example/demo"])  # the README's scope for the example host
+    kit.add("host-o", ["other/*"])
     data = tmp_path / "data"
     data.mkdir()
     with http_server(data, kit, offline_env) as srv:
@@ -46,3 +47,8 @@ def test_example_host_walks_the_lifecycle(tmp_path: Path, offline_env: dict[str,
         wrong = run_example(srv.url, kit.root, "host-b", offline_env)  # no such key: one line, exit 1
         assert wrong.returncode == 1 and wrong.stdout == ""
         assert wrong.stderr.startswith("example host: error: ") and len(wrong.stderr.splitlines()) == 1
+
+        outside = run_example(srv.url, kit.root, "host-o", offline_env)  # a key for other scopes only
+        assert outside.returncode == 1 and outside.stdout.count("[") <= 1
+        assert "Trusted invocation context unavailable" in outside.stderr
+        assert "is example/demo among the scopes of host host-o" in outside.stderr

@@ -29,7 +29,7 @@ from engram_memory.models.hostauth import (
     verify,
 )
 from engram_memory.server.config import ConfigError
-from engram_memory.server.hostkeys import HostKeys, host_entry, keygen, load_host_keys
+from engram_memory.server.hostkeys import HostKey, HostKeys, host_entry, keygen, load_host_keys, parse_scopes
 
 CLI = [sys.executable, "-m", "engram_memory.server.cli", "host"]
 
@@ -60,7 +60,8 @@ def mode(path: Path) -> int:
 def keydir(tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str]) -> Path:
     """host-a made by the real CLI (shared by the signing tests, which never change it)."""
     out = tmp_path_factory.mktemp("cli-keys") / "keys"
-    done = host_cli("keygen", "--out", str(out), "--kid", "host-a", env=offline_env)
+    done = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--scope", "t-1/*", "--scope", "t-2/ws-1",
+                    env=offline_env)
     assert done.returncode == 0, done.stderr
     return out
 
@@ -74,8 +75,9 @@ def test_keygen_writes_owner_only_files_and_a_parsable_host_keys(keydir: Path) -
     data = tomllib.loads((keydir / "host-keys.toml").read_text())
     assert data["server_id"] == "engram-local"
     [entry] = data["host"]
-    assert set(entry) == {"kid", "public_key_pem", "bearer_sha256"}
+    assert set(entry) == {"kid", "public_key_pem", "bearer_sha256", "scopes"}
     assert entry["kid"] == "host-a"
+    assert entry["scopes"] == ["t-1/*", "t-2/ws-1"]
     token = (keydir / "host-a.token").read_text().strip()
     assert entry["bearer_sha256"] == bearer_digest(token)
     private = load_private_key((keydir / "host-a.private.pem").read_bytes())
@@ -86,12 +88,13 @@ def test_keygen_writes_owner_only_files_and_a_parsable_host_keys(keydir: Path) -
 
 def test_keygen_appends_a_second_kid_and_refuses_a_duplicate(tmp_path: Path, offline_env: dict[str, str]) -> None:
     out = tmp_path / "keys"
-    first = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--server-id", "engram-team", env=offline_env)
+    first = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--scope", "*/*", "--server-id", "engram-team",
+                     env=offline_env)
     assert first.returncode == 0, first.stderr
     assert "Traceback" not in first.stderr
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    second = host_cli("keygen", "--out", str(out), "--kid", "host-b", env=offline_env)
+    second = host_cli("keygen", "--out", str(out), "--kid", "host-b", "--scope", "acme/eng", env=offline_env)
     assert second.returncode == 0, second.stderr
     data = tomllib.loads((out / "host-keys.toml").read_text())
     assert data["server_id"] == "engram-team"  # an existing file keeps its audience
@@ -106,7 +109,7 @@ def test_keygen_appends_a_second_kid_and_refuses_a_duplicate(tmp_path: Path, off
     assert keys.host_for_bearer((out / "host-b.token").read_text().strip()) == "host-b"
 
     after_two = {p.name: p.read_bytes() for p in out.iterdir()}
-    dup = host_cli("keygen", "--out", str(out), "--kid", "host-a", env=offline_env)
+    dup = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--scope", "*/*", env=offline_env)
     line = assert_one_line_refusal(dup)
     assert "host-a" in line
     assert {p.name: p.read_bytes() for p in out.iterdir()} == after_two  # nothing overwritten
@@ -115,7 +118,7 @@ def test_keygen_appends_a_second_kid_and_refuses_a_duplicate(tmp_path: Path, off
 @pytest.mark.parametrize("kid", ["-dash-first", "has space", "x" * 129, "slash/kid"])
 def test_keygen_refuses_a_bad_kid(tmp_path: Path, offline_env: dict[str, str], kid: str) -> None:
     out = tmp_path / "keys"
-    assert_one_line_refusal(host_cli("keygen", "--out", str(out), "--kid", kid, env=offline_env))
+    assert_one_line_refusal(host_cli("keygen", "--out", str(out), "--kid", kid, "--scope", "*/*", env=offline_env))
     assert not (out / "host-keys.toml").exists()
 
 
@@ -160,7 +163,7 @@ def test_sign_context_prints_a_verifiable_context(keydir: Path, offline_env: dic
 
 def test_sign_context_takes_the_audience_from_the_host_keys_file(tmp_path: Path, offline_env: dict[str, str]
                                                                  ) -> None:
-    keygen(tmp_path, "host-x", server_id="engram-team")
+    keygen(tmp_path, "host-x", ["*/*"], server_id="engram-team")
     key = str(tmp_path / "host-x.private.pem")
     public = load_public_key(public_pem(load_private_key((tmp_path / "host-x.private.pem").read_bytes())))
     token = host_cli("sign-context", "--key", key, *CONTEXT_FLAGS, "--tools", "search", env=offline_env).stdout.strip()
@@ -239,7 +242,7 @@ def test_signing_with_a_missing_or_foreign_key_is_one_line(tmp_path: Path, offli
 
 
 def valid_entry(kid: str = "host-a", digest: str | None = None) -> str:
-    return host_entry(kid, public_pem(new_private_key()), digest or bearer_digest("token-" + kid))
+    return host_entry(kid, public_pem(new_private_key()), digest or bearer_digest("token-" + kid), ["*/*"])
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -279,7 +282,8 @@ def test_unknown_top_level_key_is_refused(tmp_path: Path) -> None:
 
 def test_unknown_or_missing_host_key_is_refused(tmp_path: Path) -> None:
     extra = valid_entry().rstrip("\n") + '\nnote = "x"\n'
-    assert "exactly kid, public_key_pem and bearer_sha256" in refusal(write(tmp_path, 'server_id = "s"\n' + extra))
+    wanted = "exactly kid, public_key_pem, bearer_sha256 and scopes"
+    assert wanted in refusal(write(tmp_path, 'server_id = "s"\n' + extra))
     missing = '\n[[host]]\nkid = "host-a"\nbearer_sha256 = "' + bearer_digest("t") + '"\n'
     assert "exactly kid" in refusal(write(tmp_path, 'server_id = "s"\n' + missing))
 
@@ -297,9 +301,10 @@ def test_bad_bearer_digest_is_refused(tmp_path: Path, digest: str) -> None:
 def test_non_ed25519_key_is_refused(tmp_path: Path) -> None:
     ec_pem = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode("ascii")
-    entry = host_entry("host-a", ec_pem, bearer_digest("t"))
+    entry = host_entry("host-a", ec_pem, bearer_digest("t"), ["*/*"])
     assert "not an Ed25519 public key" in refusal(write(tmp_path, 'server_id = "s"\n' + entry))
-    garbage = host_entry("host-a", "-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----", bearer_digest("t"))
+    garbage = host_entry("host-a", "-----BEGIN PUBLIC KEY-----\nnope\n-----END PUBLIC KEY-----", bearer_digest("t"),
+                         ["*/*"])
     assert "not an Ed25519 public key" in refusal(write(tmp_path, 'server_id = "s"\n' + garbage))
 
 
@@ -319,8 +324,8 @@ def test_host_must_be_an_array_of_tables(tmp_path: Path) -> None:
 
 
 def test_host_for_bearer(tmp_path: Path) -> None:
-    keygen(tmp_path, "host-a")
-    keygen(tmp_path, "host-b")
+    keygen(tmp_path, "host-a", ["*/*"])
+    keygen(tmp_path, "host-b", ["acme/*"])
     keys: HostKeys = load_host_keys(tmp_path / "host-keys.toml")
     token_a = (tmp_path / "host-a.token").read_text().strip()
     token_b = (tmp_path / "host-b.token").read_text().strip()
@@ -335,6 +340,76 @@ def test_host_for_bearer(tmp_path: Path) -> None:
 def test_keygen_refuses_a_bad_server_id_before_writing_anything(tmp_path: Path, offline_env: dict[str, str],
                                                                server_id: str) -> None:
     out = tmp_path / "keys"
-    done = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--server-id", server_id, env=offline_env)
+    done = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--scope", "*/*", "--server-id", server_id,
+                    env=offline_env)
     assert "server_id" in assert_one_line_refusal(done)
     assert not out.exists() or not any(out.iterdir())
+
+
+# ---- scopes: what a host key may bind ------------------------------------------------------------
+
+
+def test_an_entry_without_scopes_is_refused(tmp_path: Path) -> None:
+    bare = '\n[[host]]\nkid = "host-a"\npublic_key_pem = """' + public_pem(new_private_key()).strip() + \
+        '"""\nbearer_sha256 = "' + bearer_digest("t") + '"\n'
+    line = refusal(write(tmp_path, 'server_id = "s"\n' + bare))
+    assert "host #1 has no scopes" in line and "*/*" in line
+
+
+@pytest.mark.parametrize("scopes", ["[]", '"acme/*"', '["acme"]', '["acme/eng/x"]', '["ac*/eng"]', '["/eng"]',
+                                    '["acme/ eng"]', "[1]"])
+def test_bad_scopes_are_refused(tmp_path: Path, scopes: str) -> None:
+    entry = valid_entry().replace('scopes = ["*/*"]', f"scopes = {scopes}")
+    line = refusal(write(tmp_path, 'server_id = "s"\n' + entry))
+    assert "(host-a): " in line and "scope" in line and "TENANT/WORKSPACE" in line
+
+
+def test_scope_patterns_match_whole_segments() -> None:
+    keygen_scopes = parse_scopes(["acme/eng", "globex/*", "acme/eng"])
+    assert [str(p) for p in keygen_scopes] == ["acme/eng", "globex/*"]  # duplicates collapse, order kept
+    host = HostKey("h", new_private_key().public_key(), b"\0" * 32, keygen_scopes)
+    assert host.binds("acme", "eng") and host.binds("globex", "anything")
+    assert not host.binds("acme", "ops") and not host.binds("acme", "eng2") and not host.binds("acmex", "eng")
+    wild = HostKey("w", new_private_key().public_key(), b"\0" * 32, parse_scopes(["*/*"]))
+    assert wild.binds("any", "thing")
+    per_workspace = HostKey("p", new_private_key().public_key(), b"\0" * 32, parse_scopes(["*/shared"]))
+    assert per_workspace.binds("a", "shared") and not per_workspace.binds("shared", "a")
+
+
+def test_keygen_needs_a_scope(tmp_path: Path, offline_env: dict[str, str]) -> None:
+    out = tmp_path / "keys"
+    line = assert_one_line_refusal(host_cli("keygen", "--out", str(out), "--kid", "host-a", env=offline_env))
+    assert "--scope" in line
+    bad = host_cli("keygen", "--out", str(out), "--kid", "host-a", "--scope", "acme", env=offline_env)
+    assert "scope must be" in assert_one_line_refusal(bad)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_sign_context_refuses_a_scope_outside_the_keys_entry(keydir: Path, offline_env: dict[str, str]) -> None:
+    key = str(keydir / "host-a.private.pem")
+    common = ["--principal", "p", "--agent-id", "a", "--purpose-ref", "purpose:x", "--tools", "search"]
+    for tenant, workspace in (("t-1", "anything"), ("t-2", "ws-1")):
+        ok = host_cli("sign-context", "--key", key, "--tenant", tenant, "--workspace", workspace, *common,
+                      env=offline_env)
+        assert ok.returncode == 0, ok.stderr
+    line = assert_one_line_refusal(host_cli("sign-context", "--key", key, "--tenant", "t-2", "--workspace", "ws-2",
+                                            *common, env=offline_env))
+    assert "may not bind t-2/ws-2" in line and "t-1/*, t-2/ws-1" in line
+    confirm = host_cli("sign-confirmation", "--key", key, "--tool", "forget", "--arguments", "{}", "--tenant", "x",
+                       "--workspace", "y", "--principal", "p", env=offline_env)
+    assert "may not bind x/y" in assert_one_line_refusal(confirm)
+
+
+def test_keygen_warns_inside_a_git_tree_that_does_not_ignore_it(tmp_path: Path, offline_env: dict[str, str]
+                                                                ) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    exposed = host_cli("keygen", "--out", str(tmp_path / "keys"), "--kid", "h", "--scope", "*/*", env=offline_env)
+    assert exposed.returncode == 0
+    assert "warning:" in exposed.stderr and "not ignored" in exposed.stderr
+    (tmp_path / ".gitignore").write_text("secret-keys/\n")
+    ignored = host_cli("keygen", "--out", str(tmp_path / "secret-keys"), "--kid", "h", "--scope", "*/*",
+                       env=offline_env)
+    assert ignored.returncode == 0 and ignored.stderr == ""
+    outside = host_cli("keygen", "--out", str(tmp_path.parent / (tmp_path.name + "-elsewhere")), "--kid", "h",
+                       "--scope", "*/*", env=offline_env)
+    assert outside.returncode == 0 and outside.stderr == ""

@@ -206,7 +206,14 @@ async def test_a_data_dir_a_server_owns_stays_refused(data_dir_factory, offline_
     async with mcp_server(argv, offline_env, log_dir=data_dir.parent):
         assert (data_dir / "engram.sock").exists()
         busy = await anyio.to_thread.run_sync(lambda: rebuild(["--data-dir", str(data_dir), "--json"], offline_env))
-        assert_refused(busy, f"data dir {data_dir} is in use by a running server; stop it first")
+        # A refusal, as every host command words it: its code, exit 1 (admin verify says the same).
+        assert (busy.returncode, busy.stdout) == (1, ""), busy
+        assert busy.stderr == (f"engram-memory: error: STORE_BUSY: data dir {data_dir} is in use by a running"
+                               " server; stop it first\n")
+        verify = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "engram_memory.server.cli", "admin", "verify", "--data-dir", str(data_dir)],
+            env=offline_env, capture_output=True, text=True, timeout=120))
+        assert verify.returncode == 1 and verify.stderr.startswith("engram-memory: error: STORE_BUSY: "), verify
 
 
 # ---- the successful rebuild: the operator's own names ---------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -49,3 +50,34 @@ async def test_a_newcomer_installs_and_runs_the_lifecycle(tmp_path: Path, offlin
     await newcomer_session([str(venv / "bin" / "engram-memory"), *argv[1:]], run_env, purpose)
     assert (tmp_path / "xdg" / "engram-memory" / "engram.duckdb").exists()
     print(f"newcomer install: {seconds:.0f} s")
+    http_first_steps(clone, venv / "bin" / "engram-memory", {**run_env, "HOME": str(tmp_path / "home")})
+
+
+def http_first_steps(clone: Path, exe: Path, env: dict[str, str]) -> None:
+    """The README's HTTP keys stay out of the work tree; a busy port is one line and creates nothing."""
+    block = next(b for b in blocks("bash") if "host keygen" in b and "examples/host.py" in b)
+    keygen = shlex.split(block.strip().splitlines()[0].split("  #")[0])
+    home = Path(env["HOME"])
+    argv = [str(exe), *(str(home / a[2:]) if a.startswith("~/") else a for a in keygen[1:])]
+    made = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and made.stderr == "", made.stderr
+    host_keys = home / ".config" / "engram-memory" / "keys" / "host-keys.toml"
+    assert host_keys.exists()
+    # Keys written into the clone as older instructions did: ignored, so no warning either.
+    inside = subprocess.run([str(exe), "host", "keygen", "--out", "keys", "--kid", "host-a", "--scope", "*/*"],
+                            cwd=clone, env=env, capture_output=True, text=True, timeout=120)
+    assert inside.returncode == 0 and "warning" not in inside.stderr, inside.stderr
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True)
+    assert status.stdout == "", status.stdout
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        data_dir = clone / "http-data"
+        served = subprocess.run([str(exe), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+                                 "--host-keys", str(host_keys)], cwd=clone, env=env, capture_output=True,
+                                text=True, timeout=120)
+    assert served.returncode == 2, served
+    assert served.stderr == (f"engram-memory: error: cannot listen on http://127.0.0.1:{port}/mcp:"
+                             " Address already in use\n"), served.stderr
+    assert not data_dir.exists()

@@ -102,9 +102,11 @@ def test_the_http_example_connects(tmp_path: Path, offline_env: dict[str, str]) 
     keygen, serve, host = (shlex.split(ln.rstrip("&").strip()) for ln in lines)
     port = str(free_port())
 
+    home = tmp_path / "home"
+
     def local(argv: list[str]) -> list[str]:
         exe = {"engram-memory": [sys.executable, "-m", "engram_memory.server.cli"], "python": [sys.executable]}
-        out = exe.get(argv[0], [argv[0]]) + argv[1:]
+        out = [str(home / a[2:]) if a.startswith("~/") else a for a in exe.get(argv[0], [argv[0]]) + argv[1:]]
         return [a.replace("8765", port) if a.startswith(("127.0.0.1:", "http://")) else a for a in out]
 
     subprocess.run(local(keygen), cwd=tmp_path, env=offline_env, check=True, capture_output=True, timeout=60)
