@@ -290,7 +290,8 @@ class Embedder:
         except Exception as exc:  # a failed model must never take the server down
             self._error = f"{type(exc).__name__}: {exc}"
             self._state = "failed"
-            log.warning("embedding model unavailable: %s", self._error)
+            # An interpreter shutting down mid-import breaks torch in arbitrary ways: not news.
+            (log.debug if sys.is_finalizing() else log.warning)("embedding model unavailable: %s", self._error)
         finally:
             self._done.set()
 
@@ -321,6 +322,12 @@ def shared_embedder(model_path: Path | None = None, threads: int | None = None) 
         if embedder is None:
             embedder = _SHARED[key] = Embedder(model_path, threads)
         return embedder.start()
+
+
+def loading_in_progress() -> bool:
+    """Is a model still being imported or loaded in this process (a background thread)?"""
+    with _SHARED_LOCK:
+        return any(e.state == "loading" for e in _SHARED.values())
 
 
 def _same_path(a: Path, b: Path) -> bool:

@@ -138,9 +138,23 @@ async def serve_stdio(cfg: ServeConfig) -> None:
         if signalled:
             # The SDK's stdin reader is a thread blocked in read(); it ends only at EOF, which
             # a terminal never sends on Ctrl-C. Everything is closed: leave now.
-            log.info("stopped")
-            logging.shutdown()
-            os._exit(0)
+            leave_now()
+
+
+def leave_now() -> None:
+    """Exit at once, the engine already closed: no interpreter teardown racing a daemon thread
+    (a blocked stdin reader, or the model still importing torch, which then fails noisily)."""
+    log.info("stopped")
+    logging.shutdown()
+    os._exit(0)
+
+
+def finish() -> None:
+    """After serving returned: leave at once if the model is still loading in the background."""
+    from engram_memory.retrieval.embedder import loading_in_progress
+
+    if loading_in_progress():
+        leave_now()
 
 
 async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskStatus[None]) -> None:

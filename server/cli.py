@@ -10,6 +10,8 @@ import os
 # Everything runs offline (ARCHITECTURE): set before any Hugging Face library can be imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# The model's "Loading weights" bar is noise in a server's log (the load is logged once instead).
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -47,12 +49,21 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=EXIT_USAGE)
 
 
+# Libraries whose INFO lines describe our own plumbing (the owner socket's uvicorn, the SDK's
+# session manager, each relayed HTTP request, the model's load): nothing an operator acts on.
+# Their warnings and errors still show; --log-level DEBUG shows everything.
+_CHATTY = ("uvicorn", "mcp", "httpx", "httpx2", "httpcore", "sentence_transformers", "transformers")
+
+
 def _setup_logging(level: str) -> None:
+    chosen = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(
         stream=sys.stderr,
-        level=getattr(logging, level.upper(), logging.INFO),
+        level=chosen,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(max(chosen, logging.WARNING))
 
 
 def _opt(key: str, *decls: str) -> Any:
@@ -127,7 +138,7 @@ def serve(
     # Imported here so `--help` and config errors stay fast (the store pulls in DuckDB).
     import anyio
 
-    from engram_memory.server.app import serve_http, serve_stdio
+    from engram_memory.server.app import finish, serve_http, serve_stdio
     from engram_memory.server.relay import OwnerUnavailable
     from engram_memory.store.engine import StoreBusyError
 
@@ -136,6 +147,7 @@ def serve(
             serve_http(cfg, listener)
         else:
             anyio.run(serve_stdio, cfg)
+        finish()
     except KeyboardInterrupt:
         pass
     except Exception as exc:
@@ -164,11 +176,12 @@ def daemon(
         raise _fail(str(exc)) from None
     import anyio
 
-    from engram_memory.server.app import serve_daemon
+    from engram_memory.server.app import finish, serve_daemon
     from engram_memory.store.engine import StoreBusyError
 
     try:
         anyio.run(serve_daemon, cfg)
+        finish()
     except KeyboardInterrupt:
         pass
     except Exception as exc:

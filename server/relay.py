@@ -158,6 +158,10 @@ class StdioFront:
         started = False
         try:
             async with connect_owner(self.cfg.data_dir, key) as client:
+                # A signed listing first: the SDK client then knows every tool's output schema
+                # and never lists again, unsigned (the owner would log a refused context and the
+                # SDK warn that it cannot validate the result).
+                await client.list_tools(meta=self._meta(key, "", {}, None))
                 task_status.started(client)
                 started = True
                 await closed.wait()
