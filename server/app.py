@@ -31,7 +31,7 @@ from engram_memory.server.local import bind_socket, ensure_local_key, local_ring
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
 from engram_memory.server.stdio import stdio_server
-from engram_memory.server.tools import INSTRUCTIONS
+from engram_memory.server.tools import instructions
 from engram_memory.store.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
@@ -70,13 +70,13 @@ class NoEcho:
             raise MCPError(exc.code, exc.message) from None
 
 
-def build_server(handlers: Dispatcher | StdioFront, instructions: str = INSTRUCTIONS) -> Server[Any]:
+def build_server(handlers: Dispatcher | StdioFront, text: str) -> Server[Any]:
     """The MCP server over a dispatcher, or over a stdio launch's front (owner or relay)."""
     server = Server(
         SERVER_NAME,
         version=server_version(),
         title="Engram memory",
-        instructions=instructions,
+        instructions=text,
         on_list_tools=handlers.list_tools,
         on_call_tool=handlers.call_tool,
         get_tool_input_schema=tool_input_schema,
@@ -96,13 +96,13 @@ def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: Confirmatio
     """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
     enabled = cfg.memory_enabled and engine is not None
     gate = gate or ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
-    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate)
+    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate, cfg.semantic)
     return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
 
 
 def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispatcher:
     """HTTP and the local socket: each call carries a context signed by a host in ``ring``."""
-    return Dispatcher(engine, SignedBinder(ring), limiter_for(cfg))
+    return Dispatcher(engine, SignedBinder(ring, semantic=cfg.semantic), limiter_for(cfg))
 
 
 def limiter_for(cfg: ServeConfig) -> RateLimiter:
@@ -123,7 +123,8 @@ async def serve_stdio(cfg: ServeConfig) -> None:
                     # Own the data dir, or relay to the process that does (server/relay.py).
                     front = StdioFront(cfg, tg, partial(owner_socket, cfg))
                     ready = await front.start()
-                    server = build_server(front, INSTRUCTIONS + ("" if ready else UNAVAILABLE_INSTRUCTIONS))
+                    text = instructions(cfg.semantic) + ("" if ready else UNAVAILABLE_INSTRUCTIONS)
+                    server = build_server(front, text)
                 else:
                     reason = cfg.disabled_reason() or "memory disabled"
                     server = build_server(launch_dispatcher(cfg, None), DISABLED_INSTRUCTIONS.format(reason=reason))
@@ -161,7 +162,8 @@ async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskSta
     """The owner's Unix socket: other local launches' calls, each under its signed context."""
     key = ensure_local_key(Path(cfg.data_dir))
     ring = local_ring(key)
-    app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring, bind_host="127.0.0.1",
+    server = build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic))
+    app = signed_http_app(server, ring, bind_host="127.0.0.1",
                           remote=False, extra_routes=admin_routes(engine))  # host-only: never on TCP
     path = socket_path(Path(cfg.data_dir))
     try:
@@ -198,7 +200,7 @@ async def _serve_http(cfg: ServeConfig, listener: socket.socket) -> None:
     bind_host, port = cfg.http_address
     engine = await anyio.to_thread.run_sync(open_engine, cfg)
     try:
-        app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring)), ring,
+        app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic)), ring,
                               bind_host=bind_host, remote=cfg.allow_remote)
         if cfg.allow_remote and bind_host not in LOOPBACK_HOSTS:
             log.warning("binding %s beyond loopback: TLS must terminate in front of this server", bind_host)

@@ -62,19 +62,21 @@ class Binding:
 
 
 @lru_cache(maxsize=256)
-def registry_for(tools: frozenset[str], confirm: frozenset[str]) -> ToolRegistry:
-    """Registries are pure functions of the grant: build each combination once."""
-    return ToolRegistry(tools, confirm)
+def registry_for(tools: frozenset[str], confirm: frozenset[str], semantic: bool = True) -> ToolRegistry:
+    """Registries are pure functions of the grant (and of whether the server has a semantic
+    channel, which the search description states): build each combination once."""
+    return ToolRegistry(tools, confirm, semantic)
 
 
 class LaunchBinder:
     """The launch-bound context (stdio); ``host`` None: memory disabled, nothing listed."""
 
-    def __init__(self, host: HostContext | None, tools: tuple[str, ...], gate: ConfirmationGate) -> None:
+    def __init__(self, host: HostContext | None, tools: tuple[str, ...], gate: ConfirmationGate,
+                 semantic: bool = True) -> None:
         self.gate = gate
         confirm = frozenset(gate.gated)
         self._binding = (
-            None if host is None else Binding(host, registry_for(frozenset(tools), confirm), confirm)
+            None if host is None else Binding(host, registry_for(frozenset(tools), confirm, semantic), confirm)
         )
 
     def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None) -> Binding | None:
@@ -119,8 +121,9 @@ class SignedBinder:
     """Per-call contexts and confirmations signed by a host in the key ring."""
 
     def __init__(self, ring: KeyRing, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, semantic: bool = True) -> None:
         self.ring = ring
+        self.semantic = semantic
         self.clock = clock
         self.monotonic = monotonic
         self._contexts = ReplayCache()
@@ -151,7 +154,7 @@ class SignedBinder:
         confirm = frozenset(claims.confirm) | ALWAYS_CONFIRMED
         return Binding(
             host=host,
-            registry=registry_for(frozenset(claims.tools), confirm),
+            registry=registry_for(frozenset(claims.tools), confirm, self.semantic),
             confirm=confirm,
             jti=claims.jti,
             deadline_ms=claims.deadline_ms(),

@@ -84,7 +84,7 @@ class StdioFront:
         self.host = replace(cfg.host_context(), session=relay_session())
         self.gate = ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
         self.confirm = frozenset(self.gate.gated)
-        self.registry = registry_for(frozenset(cfg.tools), self.confirm)
+        self.registry = registry_for(frozenset(cfg.tools), self.confirm, cfg.semantic)
         self.engine: Engine | None = None
         self.local: Dispatcher | None = None
         self.client: Any = None

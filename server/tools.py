@@ -27,6 +27,16 @@ _MUTATION_RULES = (
     " identical arguments is a safe replay; reusing it for anything else is DIGEST_CONFLICT."
     " MUTATION_OUTCOME_UNKNOWN: it may have been applied; retry with the same key until definitive."
 )
+# A server started without the semantic channel (semantic = false) says so where the agent
+# decides: lexical_and_semantic is RANKING_UNAVAILABLE there for good, though retriable by the catalog.
+_LEXICAL_ONLY = (
+    " THIS SERVER HAS NO SEMANTIC CHANNEL (the host runs it lexical-only): always ask minimum_channels"
+    " \"lexical\"; \"lexical_and_semantic\" answers RANKING_UNAVAILABLE here every time, so never retry it."
+)
+LEXICAL_ONLY_INSTRUCTIONS = (
+    " This server searches with its lexical (BM25) channel only: ask search for minimum_channels"
+    " \"lexical\"; \"lexical_and_semantic\" is RANKING_UNAVAILABLE here and retrying does not help."
+)
 _CONFIRMED = (
     " The host asks the human to confirm before it runs; you cannot confirm it yourself."
     " gate_failed means the human did not approve: ask them through the host, do not loop."
@@ -100,6 +110,12 @@ READ_ONLY = frozenset({"search", "get"})
 DESTRUCTIVE = frozenset({"withdraw", "forget"})
 MUTATING = frozenset(ALL_TOOLS) - READ_ONLY
 
+
+def instructions(semantic: bool) -> str:
+    """The server's instructions; a lexical-only server says so."""
+    return INSTRUCTIONS + ("" if semantic else LEXICAL_ONLY_INSTRUCTIONS)
+
+
 INSTRUCTIONS = (
     "Engram memory: governed long-term memory shared across sessions and agents. Keep here only"
     " durable, reusable knowledge (decisions with grounds, verified facts with a citable source,"
@@ -138,8 +154,10 @@ def _annotations(tool: str) -> types.ToolAnnotations:
     )
 
 
-def describe(tool: str, confirmed: bool) -> str:
+def describe(tool: str, confirmed: bool, semantic: bool = True) -> str:
     text = DESCRIPTIONS[tool]
+    if tool == "search" and not semantic:
+        text += _LEXICAL_ONLY
     if tool in MUTATING:
         text += _MUTATION_RULES
     if confirmed:
@@ -150,7 +168,7 @@ def describe(tool: str, confirmed: bool) -> str:
 class ToolRegistry:
     """Only the granted tools exist: an ungranted one is absent, not listed-then-refused."""
 
-    def __init__(self, enabled: Iterable[str], confirmed: frozenset[str]) -> None:
+    def __init__(self, enabled: Iterable[str], confirmed: frozenset[str], semantic: bool = True) -> None:
         confirmed = confirmed | ALWAYS_CONFIRMED
         self._by_name: dict[str, ToolEntry] = {}
         for tool in ALL_TOOLS:  # contract order, whatever the config order
@@ -159,7 +177,7 @@ class ToolRegistry:
             definition = types.Tool(
                 name=TOOL_PREFIX + tool,
                 title=TITLES[tool],
-                description=describe(tool, tool in confirmed),
+                description=describe(tool, tool in confirmed, semantic),
                 input_schema=input_schema(tool),
                 output_schema=output_schema(tool),
                 annotations=_annotations(tool),

@@ -269,11 +269,13 @@ async def engine_without_model(data_dir: Path) -> AsyncIterator[InProcess]:
 
     from engram_memory.server.app import build_server, launch_dispatcher, open_engine
     from engram_memory.server.config import load_config
+    from engram_memory.server.tools import instructions
 
     cfg = load_config(CONTEXT | {"tools": ALL, "data_dir": data_dir, "model_path": Path("/nonexistent")})
     engine = open_engine(cfg)
     try:
-        async with Client(build_server(launch_dispatcher(cfg, engine)), mode="legacy") as client:
+        server = build_server(launch_dispatcher(cfg, engine), instructions(cfg.semantic))
+        async with Client(server, mode="legacy") as client:
             yield InProcess(client)
     finally:
         engine.close()

@@ -10,6 +10,7 @@ from mcp import Client
 
 from engram_memory.server.app import build_server, launch_dispatcher, open_engine
 from engram_memory.server.config import load_config
+from engram_memory.server.tools import instructions
 from tests.conftest import CONTEXT, capture_args, check_result, search_args
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +20,7 @@ async def test_store_failure_becomes_an_envelope(data_dir_factory) -> None:
     cfg = load_config(CONTEXT | {"tools": "search,get,capture,request_admission",
                                  "data_dir": data_dir_factory("broken"), "semantic": False})
     engine = open_engine(cfg)
-    server = build_server(launch_dispatcher(cfg, engine))
+    server = build_server(launch_dispatcher(cfg, engine), instructions(cfg.semantic))
     async with Client(server, mode="legacy") as c:
         assert check_result(await c.call_tool("engram_memory_search", search_args("before")))["ok"]
         cap = check_result(await c.call_tool("engram_memory_capture", capture_args("Kept before the failure.")))
