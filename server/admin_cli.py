@@ -327,15 +327,15 @@ def history_cmd(
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the last N events.")] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """A scope's journal: cursors, operations, ids, hashes and times (never content)."""
+    """A scope's journal: cursors, operations, ids, hashes and each event's own instant (never content)."""
     scope_ref, target = _one_scope(scope, data_dir)
     from engram_memory.store.history import journal
 
     events = journal(target, scope_ref, limit)
     _emit(json_out, {"scope": scope, "events": events}, lambda: _table(
         f"journal of {scope} ({len(events)} event(s))",
-        ["cursor", "operation", "event_id", "recorded_at", "to_state", "reason", "event_hash"],
-        [[e["cursor"], e["operation"], _short(e["event_id"], 28), e["recorded_at"], e["to_state"], e["reason"],
+        ["cursor", "operation", "event_id", "at", "to_state", "reason", "event_hash"],
+        [[e["cursor"], e["operation"], _short(e["event_id"], 28), e["at"], e["to_state"], e["reason"],
           _short(e["event_hash"])] for e in events]))
 
 

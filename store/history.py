@@ -21,6 +21,15 @@ def _connect(data_dir: Path) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
 
 
+def event_instant(event: dict[str, Any]) -> str:
+    """When the event itself happened. An admission (accept/reject) event keeps its capture's
+    ``recorded_at`` in the hashed body, as the reference engine does (REFERENCE_CONTRACT Q6:
+    digest parity), so its own instant is the decision's ``issued_at`` (an operator's: ``decided_at``)."""
+    decision = event.get("admission_decision") or {}
+    verdict = event.get("adjudication") or {}
+    return str(decision.get("issued_at") or verdict.get("decided_at") or event.get("recorded_at"))
+
+
 def journal(data_dir: Path, scope_ref: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The scope's journal, oldest first (the last ``limit`` events when given)."""
     con = _connect(data_dir)
@@ -37,6 +46,7 @@ def journal(data_dir: Path, scope_ref: str, limit: int | None = None) -> list[di
         event = json.loads(body)
         entry = {name: event.get(name) for name in JOURNAL_FIELDS}
         entry["cursor"], entry["event_hash"] = int(cursor), event_hash
+        entry["at"] = event_instant(event)
         adjudication = event.get("adjudication")
         # The operator's own words (an adjudication) or the caller's reason reference.
         entry["reason"] = adjudication["reason"] if adjudication else event.get("reason_ref")

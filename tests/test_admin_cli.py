@@ -455,3 +455,24 @@ def test_no_admin_operation_is_an_mcp_tool(tmp_path: Path, offline_env) -> None:
                 assert (info.value.code, info.value.message) == (-32602, "Unknown tool"), name
 
     anyio.run(main)
+
+
+def test_history_shows_each_event_at_its_own_instant(tmp_path: Path) -> None:
+    """An admission's journal body keeps its capture's recorded_at (digest parity with the
+    reference); the listing's ``at`` is when the decision was issued."""
+    now = [T0]
+    engine = Engine.open(EngineSettings(data_dir=tmp_path / "data", semantic=False), clock=lambda: now[0])
+    try:
+        text = f"Clocks move between calls {MARKER}"
+        cap = call(engine, "capture", ctx(), capture_args(text, key="clock-cap-000001"))
+        now[0] += 120
+        call(engine, "request_admission", ctx(), {"candidate_id": cap["candidate_id"],
+                                                  "idempotency_key": "clock-adm-0000001"})
+    finally:
+        engine.close()
+    capture, accept = ok_json(["history", "--data-dir", str(tmp_path / "data"), "--scope", SCOPE])["events"]
+    assert accept["operation"] == "accept"
+    assert accept["recorded_at"] == capture["recorded_at"] == capture["at"] == "2026-05-28T20:26:40.000Z"
+    assert accept["at"] == "2026-05-28T20:26:40.120Z"
+    table = admin(["history", "--data-dir", str(tmp_path / "data"), "--scope", SCOPE]).stdout
+    assert "20:26:40.120Z" in table
