@@ -3,7 +3,8 @@
 server/cli.py owns the app and never imports this module: the commands are registered through
 the ``engram_memory.commands`` entry point group (pyproject.toml). Their heavy dependencies
 (ranx, matplotlib) are the ``eval`` extra; without it the commands say how to install it.
-Progress bars and messages go to stderr; stdout stays clean (it is the MCP channel elsewhere).
+Progress bars and messages go to stderr; ``eval`` prints its result table and the paths of its
+report on stdout once the run is done.
 
 Every option is checked before any work (eval/options.py, eval/beir.py): a bad value exits 2 with
 one ``engram-memory: error: ...`` line, no traceback, nothing created.
@@ -170,9 +171,21 @@ def eval_cmd(
             rows = {f"{results['dataset']} {name:>8}": scores for name, scores in results["runs"].items()}
     except StoreBusyError as exc:
         fail(f"{exc} (another eval or a server holds it: wait, or pick another --cache-dir)")
-    for label, scores in rows.items():
-        sys.stderr.write(f"{label}: " + "  ".join(f"{k} {v:.4f}" for k, v in scores.items()) + "\n")
     sys.stderr.write(f"wrote {out_dir / 'results.json'}\n")
+    sys.stdout.write(results_table(rows) + f"\nreport: {out_dir / 'report.md'}\nplot:   {out_dir / 'report.png'}\n")
+    sys.stdout.flush()
+
+
+def results_table(rows: dict[str, dict[str, float]]) -> str:
+    """The scores as an aligned plain-text table (stdout: what the run found; progress went to stderr)."""
+    metrics = list(dict.fromkeys(m for scores in rows.values() for m in scores))
+    labels = [" ".join(label.split()) for label in rows]
+    width = max([len("run"), *map(len, labels)])
+    lines = ["run".ljust(width) + "".join(f"  {m:>10}" for m in metrics)]
+    for label, scores in zip(labels, rows.values(), strict=True):
+        lines.append(label.ljust(width) + "".join(
+            f"  {scores[m]:>10.4f}" if m in scores else f"  {'-':>10}" for m in metrics))
+    return "\n".join(lines)
 
 
 def bench_cmd(

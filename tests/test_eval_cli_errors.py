@@ -313,8 +313,13 @@ def test_eval_on_the_shipped_sample(tmp_path: Path, offline_env: dict[str, str])
                "--no-progress")
     done = subprocess.run(argv, env=offline_env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
     assert f"wrote {out / 'results.json'}" in done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[0] == "run" and lines[-1] == f"plot:   {out / 'report.png'}", done.stdout
+    runs = {ln.split()[1]: float(ln.split()[2]) for ln in lines[1:5]}
+    results = json.loads((out / "results.json").read_text())
+    assert runs == {name: round(scores[next(iter(scores))], 4) for name, scores in results["runs"].items()}
     for name in ("results.json", "report.md", "report.png"):
         assert (out / name).stat().st_size > 0, name
     for ch in ("baseline", "lexical", "semantic", "hybrid"):

@@ -78,8 +78,15 @@ def test_eval_on_a_folder_of_collections(tmp_path: Path, offline_env: dict[str, 
             "--channels", "baseline,lexical", "--no-latency", "--no-progress"]
     done = subprocess.run(argv, env=offline_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
     assert "a folder of 2 collections (alpha, beta)" in done.stderr
+    # stdout: the table (every collection's runs and the mean), then where the report is
+    table = done.stdout.splitlines()
+    assert table[0].split()[0] == "run" and "ndcg@10" in table[0].split(), table
+    assert [ln.split()[:2] for ln in table[1:5]] == [["alpha", "baseline"], ["alpha", "lexical"],
+                                                     ["beta", "baseline"], ["beta", "lexical"]], table
+    assert table[5].split()[:2] == ["mean", "baseline"] and table[6].split()[:2] == ["mean", "lexical"]
+    assert table[-2:] == [f"report: {out / 'report.md'}", f"plot:   {out / 'report.png'}"]
     s = json.loads((out / "results.json").read_text())
     assert s["collections"] == ["alpha", "beta"] and s["queries"] == 5
     per = {name: json.loads((out / name / "results.json").read_text()) for name in ("alpha", "beta")}
@@ -101,4 +108,4 @@ def test_eval_on_a_folder_of_collections(tmp_path: Path, offline_env: dict[str, 
                      "| collection | baseline | lexical |"):
         assert fragment in report, fragment
     assert (out / "report.png").stat().st_size > 0
-    assert "mean lexical: ndcg@10" in done.stderr
+    assert any(ln.split()[:2] == ["mean", "lexical"] for ln in done.stdout.splitlines())
