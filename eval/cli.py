@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated, NoReturn  # noqa: E402
+from typing import Annotated, Any, NoReturn  # noqa: E402
 
 import typer  # noqa: E402
 
@@ -157,7 +157,7 @@ def eval_cmd(
     from engram_memory.eval.harness import run_eval
     from engram_memory.store.engine import StoreBusyError
 
-    run_options = dict(channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w, limit_docs=limit,
+    run_options: dict[str, Any] = dict(channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w, limit_docs=limit,
                        peer=peer_name, cache_dir=cache, mapping=doc_mapping, progress=progress, threads=n_threads,
                        max_queries=max_q, latency=latency)
     try:

@@ -373,7 +373,7 @@ def check_store(data_dir: Path, ops: list[Op]) -> list[str]:
     finally:
         con.close()
     done = [op for op in ops if committed(op)]
-    captured = {op.final().value["candidate_id"] for op in done if op.tool == "capture"}  # type: ignore[union-attr]
+    captured = {op.final().value["candidate_id"] for op in done if op.tool == "capture"}  # type: ignore[union-attr,index]
     if set(candidates) != captured:
         failures.append(f"candidates in the store ({len(candidates)}) are not the captures answered "
                         f"({len(captured)}): {len(set(candidates) - captured)} extra, "

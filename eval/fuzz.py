@@ -340,11 +340,11 @@ def mutate(rng: random.Random, marker: str, tool: str, args: dict[str, Any], sch
         set_at(a, p, rng.choice([lo - 1, lo, hi, hi + 1, 2**64, -(2**64)]))
         return f"{kind}:{p[-1]}", a, None
     if kind == "float_for_int":
-        name = "limit" if tool == "search" else None
+        field = "limit" if tool == "search" else None
         ints = [p for p in spots if type(get_at(a, p)) is int]
         value = rng.choice([5.0, 5.5, -0.0, 1e308, float(LIMIT_MAX) + 0.5])
-        if name:
-            a[name] = value
+        if field:
+            a[field] = value
         elif ints:
             set_at(a, rng.choice(ints), value)
         return f"{kind}:{value!r}", a, None
@@ -743,8 +743,10 @@ async def _run(calls: int, seed: int, work_dir: Path, semantic: bool, timeout: f
 
         async def fixed_reads(session: ClientSession) -> Any:
             out = []
-            for name, args in (("search", {"query": FIXED_QUERY, "purpose_ref": PURPOSE, "limit": 50}),
-                               *(("get", {"record_id": r, "purpose_ref": PURPOSE}) for r in fx.record_ids)):
+            reads: list[tuple[str, dict[str, Any]]] = [
+                ("search", {"query": FIXED_QUERY, "purpose_ref": PURPOSE, "limit": 50}),
+                *(("get", {"record_id": r, "purpose_ref": PURPOSE}) for r in fx.record_ids)]
+            for name, args in reads:
                 env_ = (await session.call_tool(PREFIX + name, args)).structured_content or {}
                 value = env_.get("output", {}).get("value", {})
                 out.append(json.dumps(_stable(value), sort_keys=True) if env_.get("ok") else env_.get("error"))

@@ -77,15 +77,14 @@ class LancePeer:
         return self._pairs(rows, "_score")
 
     def vector(self, qvec: np.ndarray, k: int) -> list[tuple[str, float]]:
-        rows = (self.table.search(np.asarray(qvec, np.float32), query_type="vector").distance_type("cosine")
-                .select(["id", "_distance"]).limit(k).to_list())
+        search: Any = self.table.search(np.asarray(qvec, np.float32), query_type="vector")  # a vector builder
+        rows = search.distance_type("cosine").select(["id", "_distance"]).limit(k).to_list()
         return self._pairs(rows, "_distance", negate=True)  # cosine distance: smaller is closer
 
     def hybrid(self, query: str, qvec: np.ndarray, k: int) -> list[tuple[str, float]]:
-        rows = (self.table.search(query_type="hybrid").vector(np.asarray(qvec, np.float32)).text(query)
-                .distance_type("cosine").select(["id"]).rerank(self.reranker).limit(k).to_list())
+        search: Any = self.table.search(query_type="hybrid").vector(np.asarray(qvec, np.float32)).text(query)
+        rows = search.distance_type("cosine").select(["id"]).rerank(self.reranker).limit(k).to_list()
         return self._pairs(rows, "_relevance_score")
 
     def close(self) -> None:
-        self.table = None
-        self.db = None
+        del self.table, self.db  # lancedb holds no file handle to release; drop the references
