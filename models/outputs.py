@@ -133,6 +133,7 @@ class ChannelReceipt(Closed):
     analyzer: str = ABSENT  # the lexical channel's analyzer (its name changes with its tokens)
     model_id: str = ABSENT
     model_digest: Digest = ABSENT
+    model_runtime: str = ABSENT  # e.g. onnxruntime-1.32.0/fp32: what computed the query vector
 
 
 class FusionWeights(Closed):

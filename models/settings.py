@@ -57,7 +57,11 @@ class EngineSettings(BaseModel):
     )
     encode_threads: int | None = Field(
         default=ENCODE_THREADS,
-        description="torch intra-op threads for embedding (1: concurrent searches each use a core).",
+        description="Intra-op threads for embedding (1: concurrent searches each use a core).",
+    )
+    embedder_runtime: Literal["onnx", "torch"] = Field(
+        default="onnx",
+        description="What runs the embedding model: onnx (ONNX Runtime, exported once per model) or torch.",
     )
     hnsw_threshold: int = Field(
         default=HNSW_THRESHOLD, description="Live vectors per scope from which search uses HNSW."

@@ -38,6 +38,7 @@ class ChannelState:
     vector_cursor: str | None
     model_id: str | None  # None: no embedder configured
     model_digest: str | None  # None: unknown (missing model) -- omitted, never null
+    model_runtime: str | None = None  # what ran the model's forward pass (None: not loaded)
 
 
 def channel_receipts(state: ChannelState) -> list[dict[str, Any]]:
@@ -69,6 +70,8 @@ def channel_receipts(state: ChannelState) -> list[dict[str, Any]]:
         sem["model_id"] = state.model_id
         if state.model_digest is not None:
             sem["model_digest"] = state.model_digest
+    if state.semantic and state.model_runtime is not None:
+        sem["model_runtime"] = state.model_runtime  # the query vector's runtime: part of what ranked
     receipts.append(sem)
     return receipts
 
@@ -95,6 +98,8 @@ def profile_config_digest(
         config["semantic"] = {"model_id": semantic_receipt["model_id"],
                               "model_digest": semantic_receipt["model_digest"],
                               "hnsw_threshold": hnsw_threshold}
+        if "model_runtime" in semantic_receipt:
+            config["semantic"]["model_runtime"] = semantic_receipt["model_runtime"]
     return receipt_digest("recall-profile-config", config, "profile_config_digest")
 
 

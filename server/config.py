@@ -222,7 +222,7 @@ class ServeSettings(BaseSettings, EngineSettings):
             # not load is a launch mistake, not a channel that stays off for good.
             from engram_memory.retrieval.embedder import shared_embedder
 
-            embedder = shared_embedder(model, self.encode_threads).start()
+            embedder = shared_embedder(model, self.encode_threads, self.embedder_runtime).start()
             if not embedder.wait():
                 why = (embedder.error or "unknown error").splitlines()[0][:200]
                 raise ConfigError(f"model_path {model} does not load: {why}")

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -161,7 +161,7 @@ class StdioFront:
                 # A signed listing first: the SDK client then knows every tool's output schema
                 # and never lists again, unsigned (the owner would log a refused context and the
                 # SDK warn that it cannot validate the result).
-                await client.list_tools(meta=self._meta(key, "", {}, None))
+                await client.list_tools(meta=cast(types.RequestParamsMeta, self._meta(key, "", {}, None)))
                 task_status.started(client)
                 started = True
                 await closed.wait()

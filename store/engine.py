@@ -106,7 +106,7 @@ class Engine:
         if config.semantic:
             from engram_memory.retrieval.embedder import shared_embedder
 
-            self.embedder = shared_embedder(config.model_path, config.encode_threads)
+            self.embedder = shared_embedder(config.model_path, config.encode_threads, config.embedder_runtime)
             self.embedder.start()
         self._reads = ReadPath(
             projections=self.projections,
@@ -234,10 +234,10 @@ class Engine:
 
     # -- semantic channel ----------------------------------------------------------------
 
-    def _model_identity(self) -> tuple[str | None, str | None]:
+    def _model_identity(self) -> tuple[str | None, str | None, str | None]:
         if self.embedder is None:
-            return None, None
-        return self.embedder.model_id, self.embedder.model_digest
+            return None, None, None
+        return self.embedder.model_id, self.embedder.model_digest, self.embedder.runtime
 
     def _embed_and_store(self, scope_ref: str, records: list[dict[str, Any]], cursor: int,
                          vectors: np.ndarray | None = None) -> None:

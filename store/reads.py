@@ -51,7 +51,7 @@ class ReadPath:
     fusion: FusionConfig
     policy: HostPolicy
     channels: tuple[str, ...]
-    model_identity: Callable[[], tuple[str | None, str | None]]  # (model_id, model_digest)
+    model_identity: Callable[[], tuple[str | None, str | None, str | None]]  # (model_id, model_digest, runtime)
     view: Callable[[str], ScopeView]
     load_page: Callable[[str, Sequence[str]], dict[str, dict[str, Any]]]
     server_secret: bytes
@@ -187,7 +187,7 @@ class ReadPath:
     def _channel_state(self, scope: str, semantic: bool) -> ChannelState:
         semantic = semantic and "semantic" in self.channels
         vectors = self.projections.vectors(scope) if semantic else None
-        model_id, model_digest = self.model_identity()
+        model_id, model_digest, model_runtime = self.model_identity()
         return ChannelState(
             lexical_enabled="lexical" in self.channels,
             lexical_cursor=self.projections.lexical(scope).cursor,
@@ -196,6 +196,7 @@ class ReadPath:
             vector_cursor=vectors.cursor if vectors is not None else None,
             model_id=model_id,
             model_digest=model_digest,
+            model_runtime=model_runtime,
         )
 
     # -- get -------------------------------------------------------------------------------
