@@ -122,7 +122,9 @@ def test_forget_leaves_no_text_vector_or_key_on_disk(tmp_path: Path, hnsw_thresh
     assert set(before) == set(needles), set(needles) - set(before)
     assert any(p.endswith(".store") for p in before["forgotten:text"])  # Tantivy's doc store
     assert any(p.endswith(".store") for p in before["forgotten:stem:zorblaxquint"])
-    vector_files = {Path(p).name for p in before["forgotten:vector-unit"]}
+    # The sealed DuckDB copy matches the unit needle too when the model's own normalisation is
+    # bit-identical to the index's (ONNX Runtime: it is); the files are what this line checks.
+    vector_files = {Path(p).name for p in before["forgotten:vector-unit"] if not p.startswith("duckdb:")}
     assert vector_files == ({"vectors.npy", "hnsw.bin"} if hnsw_threshold == 3 else {"vectors.npy"})
     assert "duckdb:records.body (opened with a surviving key)" in before["forgotten:text"]
     assert "duckdb:embeddings.vector (opened with a surviving key)" in before["forgotten:vector"]
