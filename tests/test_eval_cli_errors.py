@@ -329,12 +329,15 @@ def test_eval_on_the_shipped_sample(tmp_path: Path, offline_env: dict[str, str])
     assert list(r["runs"]) == ["baseline", "lexical", "semantic", "hybrid"]
     assert (r["baseline"]["engine"], r["baseline"]["k1"], r["baseline"]["b"]) == ("bm25s", 0.9, 0.4)
     assert set(r["runs"]["baseline"]) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
-    assert (r["dataset"], r["docs"], r["queries"], r["admitted"], r["rejected"]) == ("sample", 90, 28, 90, [])
+    assert (r["dataset"], r["docs"], r["queries"], r["admitted"], r["rejected"]) == ("sample", 120, 70, 120, [])
     contributed = {ch: [c["channel"] for c in rec["channels"] if c["contributed"]]
                    for ch, rec in r["receipts"].items()}
     assert contributed == {"lexical": ["lexical"], "semantic": ["semantic"], "hybrid": ["lexical", "semantic"]}
     ndcg = {ch: scores["ndcg@10"] for ch, scores in r["runs"].items()}
-    assert min(ndcg.values()) > 0.8, ndcg  # the sample is easy: every channel finds most answers
-    assert ndcg["hybrid"] >= max(ndcg["lexical"], ndcg["semantic"]) - 0.02, ndcg
+    assert min(ndcg.values()) > 0.7, ndcg  # every channel finds most answers
+    assert ndcg["hybrid"] > max(ndcg["lexical"], ndcg["semantic"]), ndcg  # and the hybrid gains on both
     report = (out / "report.md").read_text()
     assert "| hybrid |" in report and "| baseline |" in report and "lexical vs baseline: p = " in report
+    # Hard enough to tell channels apart: the hybrid beats the lexical channel significantly.
+    p = float(report.split("hybrid vs lexical: p = ")[1].split()[0])
+    assert p < 0.05, report
