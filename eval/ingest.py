@@ -37,18 +37,20 @@ from tqdm import tqdm
 
 from engram_memory.eval.beir import Collection, Doc, truncate_utf8
 from engram_memory.models.context import HostContext
-from engram_memory.models.limits import ENCODE_THREADS, TEXT_MAX_BYTES
+from engram_memory.models.limits import ENCODE_THREADS, TEXT_MAX_BYTES, TURN_TYPES
+from engram_memory.models.settings import Channel
 from engram_memory.models.tools import parse_input, to_plain
 
-INGEST_VERSION = 2  # bump when the doc -> capture mapping changes: it keys the cache
+INGEST_VERSION = 3  # bump when the doc -> capture mapping changes: it keys the cache (3: turns are typed)
 MAPPINGS = ("single", "split")
-CHANNEL_SETS: dict[str, tuple[str, ...]] = {
+CHANNEL_SETS: dict[str, tuple[Channel, ...]] = {
     "lexical": ("lexical",),
     "semantic": ("semantic",),
     "hybrid": ("lexical", "semantic"),
 }
 PURPOSE = "purpose:eval"
 VALID_FROM_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z: every record is valid "now"
+TURN_TYPE = TURN_TYPES[0]  # how the harness, as a host, marks a conversation turn
 EMBED_TIMEOUT_S = 600.0
 
 
@@ -86,9 +88,15 @@ def event_at(doc: Doc, position: int) -> int:
     return int(when.timestamp()) * 1000 + position
 
 
+def is_turn(doc: Doc) -> bool:
+    """A LoCoMo dialogue turn (its title names its session's time), as a host would mark one."""
+    return _SESSION_TIME.search(doc.title) is not None
+
+
 def capture_args(dataset: str, doc: Doc, mapping: str = "single", at: int = VALID_FROM_MS) -> dict[str, Any]:
     """A valid capture for one document (plain dict, the shape models.tools.to_plain produces);
-    ``at`` is its event time (``event_at``)."""
+    ``at`` is its event time (``event_at``). A dialogue turn is typed as one (``event:turn``, the
+    engine's default turn type), as the README tells a host to capture conversations."""
     if mapping not in MAPPINGS:
         raise ValueError(f"unknown mapping {mapping!r}")
     body = truncate_utf8(doc_text(doc) or doc.doc_id, TEXT_MAX_BYTES)  # Text needs >= 1 byte
@@ -110,7 +118,8 @@ def capture_args(dataset: str, doc: Doc, mapping: str = "single", at: int = VALI
         "valid_time": {"t": VALID_FROM_MS},
         "components": components,
         "primary_component_id": primary,
-        "primary_event": {"at": at, "type_ref": "event:published", "citation_id": "s1"},
+        "primary_event": {"at": at, "type_ref": TURN_TYPE if is_turn(doc) else "event:published",
+                          "citation_id": "s1"},
         "citations": [
             {
                 "citation_id": "s1",

@@ -49,6 +49,10 @@ RERANK_HEAD: Final = 100
 # speaker says several things, while a document's "Vitamin D: ..." topic line labels one.
 SPEAKER_MIN_RECORDS: Final = 3
 RERANK_WEIGHTS: Final = (("neighbour", 1.0), ("speaker", 2.0))
+# Only a conversation turn takes the stage's features, and a record is a turn only when its host
+# says so: its primary_event.type_ref is one of the host's turn types (setting turn_types). A
+# note's "Postgres: ..." line is a topic, not a speaker (issue 24: it moved answers down).
+TURN_TYPES: Final = ("event:turn",)
 # Exact (numpy) vector search below this many live vectors per scope, HNSW at or above it.
 HNSW_THRESHOLD: Final = 50_000
 # torch intra-op threads per encode: one lets concurrent searches run on separate cores

@@ -147,10 +147,12 @@ class RerankWeights(Closed):
 
 
 class Rerank(Closed):
-    """Search's second stage (retrieval/rerank.py): how many ranked hits it reorders, and how."""
+    """Search's second stage (retrieval/rerank.py): how many ranked hits it reorders, how, and
+    which primary_event.type_ref values make a record a conversation turn (the only records it moves)."""
 
     head: Rank
     weights: RerankWeights
+    turn_types: list[OpaqueRef]
 
 
 class Fusion(Closed):

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engram_memory.models.context import HostPolicy
-from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K, SEMANTIC_FLOOR
+from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K, SEMANTIC_FLOOR, TURN_TYPES
 from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, FusionMethod
 
 Channel = Literal["lexical", "semantic"]
@@ -54,6 +54,11 @@ class EngineSettings(BaseModel):
     rerank: bool = Field(
         default=True,
         description="Reorder the top hits by named speaker labels and event-order neighbours.",
+    )
+    turn_types: tuple[str, ...] = Field(
+        default=TURN_TYPES,
+        description="primary_event.type_ref values that mark a record as a conversation turn (the rerank stage's"
+        " speaker and neighbour features apply to turns only).",
     )
     encode_threads: int | None = Field(
         default=ENCODE_THREADS,

@@ -8,15 +8,19 @@ On conversational memory the hybrid's top 30 holds most answers but orders them 
 ("Caroline: I went to a support group") from one that *addresses* her ("Thanks, Caroline!"), and
 a turn's meaning often sits in the turn before it. Two facts a record carries fix much of that:
 
-* ``speaker`` (0 or 1): a line of the record's primary text starts with a chat-transcript label
-  ("Name: ", at most 40 characters before the colon), the query names that label as a word, and
-  at least SPEAKER_MIN_RECORDS head records carry it (a speaker says several things; a document's
-  "Vitamin D: ..." topic line labels one record);
-* ``neighbour``: for a conversation turn (a record with a speaker label), the best fused score of
-  the records just before and just after it in event order (``primary_event.at``, ties broken by
-  record id); a record whose neighbour shares its instant has none on that side, so a batch
-  captured at one instant (a document collection) has no order. Other memories take none: records
-  captured one after another need not be about the same thing.
+* ``speaker`` (0 or 1): the record is a conversation turn, a line of its primary text starts with
+  a chat-transcript label ("Name: ", at most 40 characters before the colon), the query names that
+  label as a word, and at least SPEAKER_MIN_RECORDS head records carry it;
+* ``neighbour``: for a conversation turn with a speaker label, when the query names a speaker and
+  the head's turns carry at least two (a dialogue, not one person's journal), the best fused score of the turns just
+  before and just after it in event order (``primary_event.at``, ties broken by record id); a turn
+  whose neighbour shares its instant has none on that side.
+
+A record is a conversation turn only when its host says so: its ``primary_event.type_ref`` is one
+of the turn types (``RerankConfig.turn_types``, the ``turn_types`` setting; ``event:turn`` by
+default). Text is never guessed at: agent notes are full of "Postgres: ..." or "Decision: ..."
+lines that are topics, not speakers, and a note captured after another need not be about the
+same thing. Notes take neither feature, and the timeline holds turns only.
 
 Each feature is z-scored over the head and the head is reordered by
 ``fused + σ_fused · Σ w · z(feature)`` -- the same order as ``z(fused) + Σ w · z(feature)``, kept in
@@ -36,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SPEAKER_MIN_RECORDS
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, SPEAKER_MIN_RECORDS, TURN_TYPES
 
 FEATURES = ("neighbour", "speaker")  # sorted: the receipt lists the weights in this order
 _LABEL = re.compile(r"^([^:\n]{1,40}):[ \t]", re.MULTILINE)
@@ -46,10 +50,15 @@ _LABEL = re.compile(r"^([^:\n]{1,40}):[ \t]", re.MULTILINE)
 class RerankConfig:
     head: int = RERANK_HEAD
     weights: Mapping[str, float] = field(default_factory=lambda: dict(RERANK_WEIGHTS))
+    turn_types: frozenset[str] = frozenset(TURN_TYPES)
 
     def describe(self) -> dict[str, Any]:
         """What the receipt names (under ``fusion.rerank``) so the order can be re-derived."""
-        return {"head": self.head, "weights": {name: self.weights[name] for name in FEATURES}}
+        return {"head": self.head, "weights": {name: self.weights[name] for name in FEATURES},
+                "turn_types": sorted(self.turn_types)}
+
+    def is_turn(self, type_ref: str | None) -> bool:
+        return type_ref is not None and type_ref in self.turn_types
 
 
 @dataclass(frozen=True)
@@ -124,10 +133,13 @@ def features(query: str, head: Sequence[tuple[str, float]], facts: Mapping[str, 
              for rid, _score in head]
     counts = Counter(label for labels in named for label in labels)
     speaker = [1.0 if any(counts[label] >= SPEAKER_MIN_RECORDS for label in labels) else 0.0 for labels in named]
-    # Only a conversation turn (a record with a speaker label) takes its neighbours' scores: other
-    # memories captured one after another need not be about the same thing.
-    neighbour = [max((fused.get(n, 0.0) for n in fact.neighbours), default=0.0) if fact.labels else 0.0
-                 for fact in (facts.get(rid, empty) for rid, _score in head)]
+    # Only a conversation turn (facts carry labels for turns only) takes its neighbours' scores, and
+    # only when the query asks about a speaker of a dialogue: one person's turns (a dictated
+    # journal) are no question-and-answer, and a query naming nobody is not about the conversation.
+    head_facts = [facts.get(rid, empty) for rid, _score in head]
+    dialogue = len({label for fact in head_facts for label in fact.labels}) >= 2 and any(speaker)
+    neighbour = [max((fused.get(n, 0.0) for n in fact.neighbours), default=0.0) if dialogue and fact.labels else 0.0
+                 for fact in head_facts]
     return {"neighbour": neighbour, "speaker": speaker}
 
 

@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
 from engram_memory.server.admin_socket import admin_routes
-from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder
+from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder, wording
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
 from engram_memory.server.gate import ConfirmationGate
@@ -96,13 +96,13 @@ def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: Confirmatio
     """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
     enabled = cfg.memory_enabled and engine is not None
     gate = gate or ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
-    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate, cfg.semantic)
+    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate, wording(cfg))
     return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
 
 
 def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispatcher:
     """HTTP and the local socket: each call carries a context signed by a host in ``ring``."""
-    return Dispatcher(engine, SignedBinder(ring, semantic=cfg.semantic), limiter_for(cfg))
+    return Dispatcher(engine, SignedBinder(ring, wording=wording(cfg)), limiter_for(cfg))
 
 
 def limiter_for(cfg: ServeConfig) -> RateLimiter:

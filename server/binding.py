@@ -40,6 +40,8 @@ from engram_memory.models.hostauth import (
     read_token,
     verify,
 )
+from engram_memory.models.limits import TURN_TYPES
+from engram_memory.models.settings import EngineSettings
 from engram_memory.server.config import ConfigError
 from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
 from engram_memory.server.hostkeys import HostKeys, load_host_keys
@@ -61,22 +63,34 @@ class Binding:
     kid: str | None = None
 
 
+@dataclass(frozen=True)
+class Wording:
+    """What the server's settings change in its tool descriptions."""
+
+    semantic: bool = True  # False: search says this server has no semantic channel
+    turn_types: tuple[str, ...] = TURN_TYPES  # capture names the host's conversation-turn types
+
+
+def wording(cfg: EngineSettings) -> Wording:
+    """The tool descriptions' settings-dependent parts, from the launch settings."""
+    return Wording(semantic=cfg.semantic, turn_types=tuple(cfg.turn_types))
+
+
 @lru_cache(maxsize=256)
-def registry_for(tools: frozenset[str], confirm: frozenset[str], semantic: bool = True) -> ToolRegistry:
-    """Registries are pure functions of the grant (and of whether the server has a semantic
-    channel, which the search description states): build each combination once."""
-    return ToolRegistry(tools, confirm, semantic)
+def registry_for(tools: frozenset[str], confirm: frozenset[str], wording: Wording = Wording()) -> ToolRegistry:
+    """Registries are pure functions of the grant and the wording: build each combination once."""
+    return ToolRegistry(tools, confirm, wording.semantic, wording.turn_types)
 
 
 class LaunchBinder:
     """The launch-bound context (stdio); ``host`` None: memory disabled, nothing listed."""
 
     def __init__(self, host: HostContext | None, tools: tuple[str, ...], gate: ConfirmationGate,
-                 semantic: bool = True) -> None:
+                 wording: Wording = Wording()) -> None:
         self.gate = gate
         confirm = frozenset(gate.gated)
         self._binding = (
-            None if host is None else Binding(host, registry_for(frozenset(tools), confirm, semantic), confirm)
+            None if host is None else Binding(host, registry_for(frozenset(tools), confirm, wording), confirm)
         )
 
     def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None) -> Binding | None:
@@ -121,9 +135,9 @@ class SignedBinder:
     """Per-call contexts and confirmations signed by a host in the key ring."""
 
     def __init__(self, ring: KeyRing, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic, semantic: bool = True) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, wording: Wording = Wording()) -> None:
         self.ring = ring
-        self.semantic = semantic
+        self.wording = wording
         self.clock = clock
         self.monotonic = monotonic
         self._contexts = ReplayCache()
@@ -154,7 +168,7 @@ class SignedBinder:
         confirm = frozenset(claims.confirm) | ALWAYS_CONFIRMED
         return Binding(
             host=host,
-            registry=registry_for(frozenset(claims.tools), confirm, self.semantic),
+            registry=registry_for(frozenset(claims.tools), confirm, self.wording),
             confirm=confirm,
             jti=claims.jti,
             deadline_ms=claims.deadline_ms(),

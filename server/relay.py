@@ -38,7 +38,7 @@ from engram_memory.models.errors import (
 )
 from engram_memory.models.hostauth import CONFIRMATION_META_KEY, CONTEXT_META_KEY
 from engram_memory.models.tools import parse_input
-from engram_memory.server.binding import registry_for
+from engram_memory.server.binding import registry_for, wording
 from engram_memory.server.config import ServeConfig
 from engram_memory.server.dispatch import (
     Dispatcher,
@@ -84,7 +84,7 @@ class StdioFront:
         self.host = replace(cfg.host_context(), session=relay_session())
         self.gate = ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
         self.confirm = frozenset(self.gate.gated)
-        self.registry = registry_for(frozenset(cfg.tools), self.confirm, cfg.semantic)
+        self.registry = registry_for(frozenset(cfg.tools), self.confirm, wording(cfg))
         self.engine: Engine | None = None
         self.local: Dispatcher | None = None
         self.client: Any = None

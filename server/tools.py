@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mcp_types as types
 
 from engram_memory.models.context import ALL_TOOLS, ALWAYS_CONFIRMED, TOOL_PREFIX
-from engram_memory.models.limits import IDEMPOTENCY_KEY_MAX_BYTES, IDEMPOTENCY_KEY_MIN_BYTES
+from engram_memory.models.limits import IDEMPOTENCY_KEY_MAX_BYTES, IDEMPOTENCY_KEY_MIN_BYTES, TURN_TYPES
 from engram_memory.models.schema import input_schema, output_schema
 
 # Said once, appended to every description: how to read a result.
@@ -55,9 +55,10 @@ DESCRIPTIONS: dict[str, str] = {
         " RANKING_UNAVAILABLE instead of ranking without it. A record only the semantic channel found is"
         " returned only at or above the receipt's semantic_floor cosine, so an empty records list means"
         " no match: nothing with a query word and nothing close. The top hits are then reordered"
-        " by conversation structure (the receipt's fusion.rerank): a record whose text has a line"
-        " starting \"Name: \" ranks higher when the query names Name, and such a conversation turn rises"
-        " with its neighbours in primary_event.at order when they match. STALE_PAGE: search again without page_cursor;"
+        " by conversation structure (the receipt's fusion.rerank), for conversation turns only (records"
+        " whose primary_event.type_ref is one of the receipt's turn_types): a turn whose text has a line"
+        " starting \"Name: \" ranks higher when the query names Name, and turns rise with their"
+        " neighbours in primary_event.at order when they match. STALE_PAGE: search again without page_cursor;"
         " RESULT_TOO_LARGE or PROJECTION_OVERSIZED: lower limit or adjust max_packet_bytes."
     ),
     "get": (
@@ -76,7 +77,9 @@ DESCRIPTIONS: dict[str, str] = {
         " citation carries a sha256 content_digest of the cited content. A candidate is not a record:"
         " it cannot be searched or read, and its candidate_id is not a record_id; ask for admission with"
         " request_admission. Omit retention unless instructed. A replay of the same key and content"
-        " returns duplicate_exact."
+        " returns duplicate_exact. A conversation turn worth keeping is one record: its speaker as"
+        " \"Name: words\" in the primary component, the turn's time as primary_event.at and a turn type"
+        " as primary_event.type_ref{turn_types}; any other type_ref is a note, never treated as a turn."
     ),
     "request_admission": (
         "Ask the host's admission policy to decide on a pending candidate returned by capture."
@@ -154,8 +157,10 @@ def _annotations(tool: str) -> types.ToolAnnotations:
     )
 
 
-def describe(tool: str, confirmed: bool, semantic: bool = True) -> str:
+def describe(tool: str, confirmed: bool, semantic: bool = True, turn_types: tuple[str, ...] = TURN_TYPES) -> str:
     text = DESCRIPTIONS[tool]
+    if tool == "capture":  # the host's own turn types, named where the agent captures
+        text = text.replace("{turn_types}", " (" + " or ".join(turn_types) + ")" if turn_types else "")
     if tool == "search" and not semantic:
         text += _LEXICAL_ONLY
     if tool in MUTATING:
@@ -168,7 +173,8 @@ def describe(tool: str, confirmed: bool, semantic: bool = True) -> str:
 class ToolRegistry:
     """Only the granted tools exist: an ungranted one is absent, not listed-then-refused."""
 
-    def __init__(self, enabled: Iterable[str], confirmed: frozenset[str], semantic: bool = True) -> None:
+    def __init__(self, enabled: Iterable[str], confirmed: frozenset[str], semantic: bool = True,
+                 turn_types: tuple[str, ...] = TURN_TYPES) -> None:
         confirmed = confirmed | ALWAYS_CONFIRMED
         self._by_name: dict[str, ToolEntry] = {}
         for tool in ALL_TOOLS:  # contract order, whatever the config order
@@ -177,7 +183,7 @@ class ToolRegistry:
             definition = types.Tool(
                 name=TOOL_PREFIX + tool,
                 title=TITLES[tool],
-                description=describe(tool, tool in confirmed, semantic),
+                description=describe(tool, tool in confirmed, semantic, turn_types),
                 input_schema=input_schema(tool),
                 output_schema=output_schema(tool),
                 annotations=_annotations(tool),

@@ -49,7 +49,7 @@ from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
 from engram_memory.store.db import Database, StoreBusyError
-from engram_memory.store.lifecycle import Lifecycle, event_at, lexical_fields, record_context
+from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.reads import ReadPath, SearchPlan
 from engram_memory.store.rwlock import RWLock
@@ -94,6 +94,8 @@ class Engine:
         self.projections = Projections(
             config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=lexical
         )
+        # Which records are conversation turns (the rerank stage's scope), whether or not it runs.
+        self.turns = RerankConfig(turn_types=frozenset(config.turn_types))
         self._rw = RWLock()
         self._views = ScopeViews()
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
@@ -118,7 +120,7 @@ class Engine:
             load_page=self._load_page,
             server_secret=self.keys.server_secret,
             cache=self._views,
-            rerank=RerankConfig() if config.rerank else None,
+            rerank=self.turns if config.rerank else None,
         )
 
     @classmethod
@@ -371,19 +373,20 @@ class Engine:
 
     def _load_view(self, scope_ref: str) -> ScopeView:
         rows = self.db.all(
-            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at FROM records"
+            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_type FROM records"
             f" WHERE scope_ref = ? AND state = '{CURRENT}'",
             [scope_ref],
         )
-        events = {rid: _opt_int(at) for rid, _t, _t_end, _exp, at in rows}
-        legacy = [rid for rid, at in events.items() if at is None]
-        for start in range(0, len(legacy), 1000):  # admitted before migration 3: from the bodies
+        events = {rid: (_opt_int(at), kind) for rid, _t, _t_end, _exp, at, kind in rows}
+        legacy = [rid for rid, (at, kind) in events.items() if at is None or kind is None]
+        for start in range(0, len(legacy), 1000):  # admitted before migrations 3 and 4: from the bodies
             page = self._load_page(scope_ref, legacy[start:start + 1000])
-            events.update({rid: event_at(record) for rid, record in page.items()})
+            events.update({rid: (event_at(record), event_type(record)) for rid, record in page.items()})
         view = ScopeView(
             projection_cursor=self.db.projection_cursor(scope_ref),
-            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp), events.get(rid))
-                  for rid, t, t_end, exp, _at in rows},
+            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp), events[rid][0],
+                              self.turns.is_turn(events[rid][1]))
+                  for rid, t, t_end, exp, _at, _kind in rows},
         )
         self._views.put(scope_ref, view)
         return view
@@ -469,7 +472,8 @@ class Engine:
                 self._views.admitted(
                     admitted.scope_ref, record["record_id"],
                     Window(record["valid_time"]["t"], record["valid_time"].get("t_end"),
-                           from_instant(expires) if expires else None, event_at(record)),
+                           from_instant(expires) if expires else None, event_at(record),
+                           self.turns.is_turn(event_type(record))),
                     admitted.cursor,
                 )
                 if self._batch is not None:

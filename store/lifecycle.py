@@ -57,6 +57,12 @@ def event_at(record: dict[str, Any]) -> int | None:
     return int(event["at"]) if event else None
 
 
+def event_type(record: dict[str, Any]) -> str | None:
+    """The record's ``primary_event.type_ref`` (a host's turn type makes it a conversation turn)."""
+    event = record.get("primary_event")
+    return str(event["type_ref"]) if event else None
+
+
 def primary_text(record: dict[str, Any]) -> str:
     return next((c["text"] for c in record["components"] if c["component_id"] == record["primary_component_id"]), "")
 
@@ -312,12 +318,12 @@ class Lifecycle:
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
                 con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [record["record_id"], ctx.scope_ref, cid, to_state, record["record_digest"],
                      record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                      from_instant(expires) if expires else None, rkey_ref,
                      seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                     event_at(record)],
+                     event_at(record), event_type(record)],
                 )
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
             con.execute(
@@ -397,12 +403,12 @@ class Lifecycle:
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
                 con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [record["record_id"], scope_ref, cid, to_state, record["record_digest"],
                      record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                      from_instant(expires) if expires else None, rkey_ref,
                      seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                     event_at(record)],
+                     event_at(record), event_type(record)],
                 )
                 admitted = AdmittedRecord(scope_ref, record, cursor)
             con.execute(
@@ -513,7 +519,8 @@ class Lifecycle:
             )
             cursor = int(event["cursor"])
             con.execute(
-                "UPDATE records SET state = ?, key_ref = NULL, body = NULL WHERE record_id = ?", [to_state, rid]
+                "UPDATE records SET state = ?, key_ref = NULL, body = NULL, event_type = NULL WHERE record_id = ?",
+                [to_state, rid]
             )
             con.execute("DELETE FROM embeddings WHERE record_id = ?", [rid])
             con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)", [ctx.scope_ref, pd, rid, cursor])

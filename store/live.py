@@ -26,6 +26,7 @@ class Window:
     valid_t_end: int | None
     expires_at_ms: int | None
     event_at: int | None = None  # primary_event.at: the record's place in the scope's timeline
+    turn: bool = False  # a conversation turn (primary_event.type_ref is a turn type): in the timeline
 
     def eligible(self, valid_as_of: int, now: int) -> bool:
         """Current records only: inside valid_time at the read instant, not past expires_at."""
@@ -43,7 +44,8 @@ class ScopeView:
     timeline: Timeline = field(init=False)  # the live records in event order, kept with ``live``
 
     def __post_init__(self) -> None:
-        self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items() if w.event_at is not None})
+        self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items()
+                                  if w.turn and w.event_at is not None})
 
     def next_expiry(self) -> int | None:
         expiring = [w.expires_at_ms for w in self.live.values() if w.expires_at_ms is not None]
@@ -99,7 +101,7 @@ class ScopeViews:
         if view is None:
             return  # not loaded yet: the first read loads it from DuckDB
         view.live[record_id] = window
-        if window.event_at is not None:
+        if window.turn and window.event_at is not None:
             view.timeline.add(record_id, window.event_at)
         view.projection_cursor = cursor
         if window.expires_at_ms is not None:

@@ -32,7 +32,7 @@ from engram_memory.retrieval.receipts import (
 )
 from engram_memory.retrieval.rerank import HeadFacts, RerankConfig, rerank, speaker_labels
 from engram_memory.store.authz import authorization_receipt
-from engram_memory.store.lifecycle import primary_text
+from engram_memory.store.lifecycle import event_type, primary_text
 from engram_memory.store.live import ScopeView, ScopeViews
 from engram_memory.store.timeutil import to_instant
 
@@ -178,7 +178,9 @@ class ReadPath:
         labels = self.cache.labels(head)
         missing = [rid for rid in head if rid not in labels]
         if missing:  # decrypted once per record; its labels outlive the body cache
-            fresh = {rid: speaker_labels(primary_text(r)) for rid, r in self.load_page(scope, missing).items()}
+            # A speaker is named on conversation turns only: a note's "Postgres:" line is a topic.
+            fresh = {rid: speaker_labels(primary_text(r)) if stage.is_turn(event_type(r)) else frozenset()
+                     for rid, r in self.load_page(scope, missing).items()}
             self.cache.remember_labels(fresh)
             labels.update(fresh)
         facts = {rid: HeadFacts(labels.get(rid, frozenset()), view.timeline.neighbours(rid)) for rid in head}

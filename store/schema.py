@@ -111,6 +111,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE records ADD COLUMN event_at BIGINT;
         """,
     ),
+    (
+        4,
+        "records keep primary_event.type_ref: whether a record is a conversation turn",
+        """
+        ALTER TABLE records ADD COLUMN event_type VARCHAR;
+        """,
+    ),
 ]
 
 

@@ -6,11 +6,12 @@ import hashlib
 from typing import Any
 
 from engram_memory.models.context import HostContext
-from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
+from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS, TURN_TYPES
 
 T0 = 1_780_000_000_000  # 2026-05-28T20:26:40.000Z
 PURPOSE = "purpose:test"
-RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS)}  # what every receipt's fusion.rerank says
+# What every receipt's fusion.rerank says.
+RERANK = {"head": RERANK_HEAD, "weights": dict(RERANK_WEIGHTS), "turn_types": list(TURN_TYPES)}
 
 
 def ctx(tenant: str = "acme", workspace: str = "main", principal: str = "alice") -> HostContext:

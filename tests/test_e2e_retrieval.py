@@ -560,6 +560,7 @@ async def test_conversation_turns_are_reranked_by_speaker_and_neighbours_over_mc
         ids = []
         for i, text in enumerate(TURNS):
             args = capture_args(text, key=key(f"turn{i}"), at=FROZEN_VALID_T + i * 60_000)
+            args["payload"]["primary_event"]["type_ref"] = "event:turn"  # the host says: a conversation turn
             cap = await mcp.call("capture", args)
             adm = await mcp.call("request_admission", {"candidate_id": cap["output"]["value"]["candidate_id"],
                                                        "idempotency_key": key(f"turn-admit{i}")})

@@ -25,13 +25,20 @@ SUPPORT = "When did Caroline go to the support group?"
 AGENCY = "Why did Caroline choose the adoption agency?"
 
 
-def converse(path: Path, texts: list[str] = TURNS, ordered: bool = True, **kw) -> tuple[Engine, list[str]]:
-    """One turn a minute (or every record at one instant), captured and admitted in order."""
+TURN = "event:turn"  # the default turn type (models/limits.py TURN_TYPES): the host says "a turn"
+
+
+def converse(path: Path, texts: list[str] = TURNS, ordered: bool = True, type_ref: str | list[str] = TURN,
+             **kw) -> tuple[Engine, list[str]]:
+    """One record a minute (or every record at one instant), captured and admitted in order; each
+    a conversation turn unless ``type_ref`` (one for all, or one per text) says otherwise."""
     engine = open_engine(path, **kw)
     ids = []
+    kinds = type_ref if isinstance(type_ref, list) else [type_ref] * len(texts)
     for i, text in enumerate(texts):
         args = capture_args(text, key=f"capture-key-{i:06d}")
         args["payload"]["primary_event"]["at"] = T0 - 86_400_000 + (i * 60_000 if ordered else 0)
+        args["payload"]["primary_event"]["type_ref"] = kinds[i]
         cap = call(engine, "capture", ctx(), args)
         out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
         ids.append(out["outcome"]["record_id"])
@@ -74,7 +81,8 @@ def test_a_turn_rises_with_the_turn_before_it(both) -> None:
 
 
 def test_the_stage_survives_restart_and_a_store_from_before_the_column(both, tmp_path: Path) -> None:
-    """event_at is read back from DuckDB; rows written before migration 3 get it from their body."""
+    """event_at and event_type are read back from DuckDB; rows written before migrations 3 and 4
+    get them from their body."""
     _on, _off, _ids, _ = both
     engine, ids = converse(tmp_path)
     first = canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID))
@@ -84,7 +92,8 @@ def test_the_stage_survives_restart_and_a_store_from_before_the_column(both, tmp
     engine.close()
     with duckdb.connect(str(tmp_path / "engram.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM records WHERE event_at IS NOT NULL").fetchone() == (len(TURNS),)
-        con.execute("UPDATE records SET event_at = NULL")
+        assert con.execute("SELECT DISTINCT event_type FROM records").fetchall() == [(TURN,)]
+        con.execute("UPDATE records SET event_at = NULL, event_type = NULL")
     engine = open_engine(tmp_path)
     try:
         assert canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID)) == first
@@ -150,6 +159,7 @@ def test_a_lexical_only_ranking_is_reranked_too(tmp_path: Path) -> None:
             for i, text in enumerate(TURNS):
                 args = capture_args(text, key=f"capture-key-{i:06d}")
                 args["payload"]["primary_event"]["at"] = T0 - 86_400_000 + i * 60_000
+                args["payload"]["primary_event"]["type_ref"] = TURN
                 cap = call(engine, "capture", ctx(), args)
                 out = call(engine, "request_admission", ctx(),
                            admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
@@ -161,3 +171,89 @@ def test_a_lexical_only_ranking_is_reranked_too(tmp_path: Path) -> None:
             assert order(got, ids)[:2] == ([1, 5] if rerank else [1, 0]), order(got, ids)
         finally:
             engine.close()
+
+
+# ---- where the stage must stay out of the way (issue 24): exactly the fused ranking ------------
+
+NOTES = [
+    "Postgres: the primary runs on db-1 and the replica on db-2.",
+    "Postgres: backups are taken nightly with pg_basebackup.",
+    "Postgres: connection pooling goes through PgBouncer.",
+    "We run Postgres version 16 since the upgrade last spring.",
+    "Decision: we keep the billing service on Python 3.11 for now.",
+    "Decision: the search index is rebuilt every Sunday night.",
+    "Decision: incidents are reviewed on Mondays.",
+    "Context: the billing service talks to Postgres through an ORM.",
+    "Context: the team moved to a trunk-based workflow in May.",
+    "Context: on-call rotates weekly.",
+]
+
+
+def assert_as_fused(on: Engine, off: Engine, queries: list[str]) -> None:
+    for query in queries:
+        a, b = search(on, query, capability_policy=HYBRID), search(off, query, capability_policy=HYBRID)
+        assert a["rank_receipt"]["fusion"]["rerank"] == RERANK  # the stage ran
+        assert [(p["record"]["record_id"], p["score"]) for p in a["records"]] == \
+               [(p["record"]["record_id"], p["score"]) for p in b["records"]], query
+        assert a["rank_receipt"]["ranked"] == b["rank_receipt"]["ranked"], query
+
+
+@pytest.mark.parametrize("case", ["topic notes", "turns and notes", "another case", "one speaker"])
+def test_the_stage_leaves_what_is_not_a_dialogue_exactly_as_fused(tmp_path: Path, case: str) -> None:
+    """Topic-labelled notes captured a minute apart, a conversation beside them, a speaker's name
+    in another case, and one person's turns: each ranks exactly as with the stage off."""
+    if case == "topic notes":
+        texts, kinds = NOTES, "event:decided"
+        queries = ["Which Postgres version do we run?", "What Decision did we take on billing?",
+                   "Context on the billing service"]
+    elif case == "turns and notes":
+        texts = TURNS + NOTES
+        kinds = [TURN] * len(TURNS) + ["event:decided"] * len(NOTES)
+        queries = ["Which Postgres version do we run?", "What Decision did we take about the search index?"]
+    elif case == "another case":
+        texts, kinds = TURNS, TURN
+        queries = ["when did caroline go to the support group?", "why did CAROLINE choose the adoption agency?"]
+    else:
+        texts = ["Caroline: " + t.split(": ", 1)[1] for t in TURNS]
+        kinds = TURN
+        queries = [SUPPORT, AGENCY]
+    on, _ = converse(tmp_path / "on", texts, type_ref=kinds)
+    off, _ = converse(tmp_path / "off", texts, type_ref=kinds, rerank=False)
+    try:
+        assert_as_fused(on, off, queries)
+    finally:
+        on.close()
+        off.close()
+
+
+def test_the_issue_example_keeps_the_answer_first(tmp_path: Path) -> None:
+    """Three notes opening "Postgres:" moved the upgrade note from rank 1 to rank 4 when the stage
+    read any "Name:" line as a speaker; notes are not turns now. The same text captured as turns
+    (the host says so) does move: the test of the guard can fail."""
+    notes, ids = converse(tmp_path / "notes", NOTES[:4], type_ref="event:decided")
+    fused, _ = converse(tmp_path / "fused", NOTES[:4], type_ref="event:decided", rerank=False)
+    turns, turn_ids = converse(tmp_path / "turns", NOTES[:4], type_ref=TURN)
+    try:
+        query = "Which Postgres version do we run?"
+        assert order(search(fused, query, capability_policy=HYBRID), ids)[0] == 3  # the answer leads
+        assert order(search(notes, query, capability_policy=HYBRID), ids)[0] == 3  # and stays first
+        assert order(search(turns, query, capability_policy=HYBRID), turn_ids)[0] != 3
+    finally:
+        for engine in (notes, fused, turns):
+            engine.close()
+
+
+def test_a_host_names_its_own_turn_types(tmp_path: Path) -> None:
+    """turn_types is a setting: records typed "event:chat-message" are turns only where the host says
+    so, and the receipt names the turn types the order was derived with."""
+    custom, ids = converse(tmp_path / "custom", type_ref="event:chat-message", turn_types=("event:chat-message",))
+    default, _ = converse(tmp_path / "default", type_ref="event:chat-message")
+    try:
+        got = search(custom, SUPPORT, capability_policy=HYBRID)
+        assert got["rank_receipt"]["fusion"]["rerank"]["turn_types"] == ["event:chat-message"]
+        assert order(got, ids)[0] == 1 and order(got, ids).index(0) > 1  # reranked as turns
+        plain = search(default, SUPPORT, capability_policy=HYBRID)
+        assert order(plain, ids)[:2] == [1, 0]  # not turns under the default setting: as fused
+    finally:
+        custom.close()
+        default.close()

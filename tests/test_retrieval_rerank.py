@@ -78,14 +78,20 @@ def test_the_named_speaker_rises_and_the_tail_stays() -> None:
 
 def test_a_strong_neighbour_lifts_a_record() -> None:
     ranked = _ranked(30) + [("far", 0.2)]
-    turn = frozenset({"Ann"})
-    facts = {"r20": HeadFacts(turn, ("r00",)), "r21": HeadFacts(turn, ("far",)),
-             "r22": HeadFacts(frozenset(), ("r00",))}
-    out = [rid for rid, _ in rerank("anything", ranked, facts, RerankConfig())]
-    assert out.index("r20") < out.index("r21") < 20  # any neighbour beats none; the stronger more
-    values = features("anything", ranked[:30], facts, dict(ranked))
+    ann, bob = frozenset({"Ann"}), frozenset({"Bob"})
+    # A dialogue (Ann and Bob) the query asks about (it names Ann, who says several things).
+    facts = {"r20": HeadFacts(bob, ("r00",)), "r21": HeadFacts(bob, ("far",)),
+             "r22": HeadFacts(frozenset(), ("r00",)),
+             "r25": HeadFacts(ann), "r26": HeadFacts(ann), "r27": HeadFacts(ann)}
+    out = [rid for rid, _ in rerank("What did Ann say?", ranked, facts, RerankConfig())]
+    assert out.index("r20") < out.index("r21")  # any neighbour beats none; the stronger more
+    values = features("What did Ann say?", ranked[:30], facts, dict(ranked))
     assert values["neighbour"][20] == 1.0 and values["neighbour"][21] == 0.2
     assert values["neighbour"][22] == 0.0  # not a conversation turn: its neighbours do not count
+    # The same turns for a query naming nobody, or with one speaker only: no neighbour counts.
+    assert set(features("anything", ranked[:30], facts, dict(ranked))["neighbour"]) == {0.0}
+    monologue = {rid: HeadFacts(ann, f.neighbours) for rid, f in facts.items() if f.labels}
+    assert set(features("What did Ann say?", ranked[:30], monologue, dict(ranked))["neighbour"]) == {0.0}
 
 
 def test_order_equals_the_z_scored_sum_the_study_ranks_by() -> None:
@@ -111,6 +117,7 @@ def test_order_equals_the_z_scored_sum_the_study_ranks_by() -> None:
 
 
 def test_the_receipt_names_head_and_weights() -> None:
-    assert RerankConfig().describe() == {"head": 100, "weights": {"neighbour": 1.0, "speaker": 2.0}}
+    assert RerankConfig().describe() == {"head": 100, "weights": {"neighbour": 1.0, "speaker": 2.0},
+                                         "turn_types": ["event:turn"]}
     with pytest.raises(KeyError):
         RerankConfig(weights={"speaker": 1.0}).describe()
