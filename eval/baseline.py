@@ -88,7 +88,7 @@ class Bm25sIndex:
                      tie: np.ndarray | None = None) -> list[tuple[str, float]]:
         """The top ``depth`` documents with a score > 0, by (-score, ``tie`` rank or corpus order).
 
-        Corpus order is the baseline's own (``search``); eval/lexical_study.py passes another ``tie``
+        Corpus order is the baseline's own (``search``); studies/lexical_study.py passes another ``tie``
         for runs it compares with each other."""
         s = self.scores(terms)
         hits = np.flatnonzero(s > 0)

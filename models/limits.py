@@ -39,11 +39,11 @@ EXECUTION_WINDOW_S: Final = 30  # the engine call must start within 30 s of the 
 RRF_K: Final = 60  # the classic reciprocal-rank-fusion constant (Cormack et al. 2009)
 CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
 # A record only the semantic channel found is shown only at this cosine or above, so a query
-# like nothing stored answers []: chosen on the development collections (eval/fusion-study.md).
+# like nothing stored answers []: chosen on the development collections (studies/fusion-study.md).
 SEMANTIC_FLOOR: Final = 0.3
 # The ranking's top RERANK_HEAD (hybrid or one channel) are reordered by who said a record and how
 # its neighbours in event order scored (retrieval/rerank.py): head and weights chosen by rotation on
-# LoCoMo (eval/rerank-study.md); both are inert on records without speaker labels or event order.
+# LoCoMo (studies/rerank-study.md); both are inert on records without speaker labels or event order.
 RERANK_HEAD: Final = 100
 # A "Name:" label counts as a speaker only when it labels at least this many head records: a
 # speaker says several things, while a document's "Vitamin D: ..." topic line labels one.

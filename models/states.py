@@ -47,7 +47,7 @@ class FusionMethod(StrEnum):
 
 # What a rank receipt names as the method when a single channel contributed (nothing fused).
 NO_FUSION: Final = "none"
-# The default: chosen with rotation over the development collections (eval/fusion-study.md).
+# The default: chosen with rotation over the development collections (studies/fusion-study.md).
 DEFAULT_FUSION: Final = FusionMethod.DBSF
 DEFAULT_FUSION_WEIGHTS: Final = (0.5, 0.5)  # lexical, semantic
 

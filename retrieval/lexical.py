@@ -43,7 +43,7 @@ TOKENIZER_DESCRIPTION = ("tantivy simple + remove_long(40) + lowercase + stopwor
                          "stemmer(english)")
 # NLTK's English stop words (179; bm25s.stopwords.STOPWORDS_EN_PLUS). Question words and auxiliaries
 # ("what", "when", "did", "you") otherwise match short conversational records with full BM25 weight:
-# measured in eval/lexical-study.md (LoCoMo mean nDCG@10 0.470 -> 0.516, at or above bm25s on every
+# measured in studies/lexical-study.md (LoCoMo mean nDCG@10 0.470 -> 0.516, at or above bm25s on every
 # development collection). Words with an apostrophe never match (the tokenizer splits on it); kept
 # verbatim so the list stays the published one.
 STOPWORDS: tuple[str, ...] = (

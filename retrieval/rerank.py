@@ -4,7 +4,7 @@ It runs on the fused hybrid and on a single channel's ranking alike (lexical_v1,
 loads or without it); the evaluation scores each channel alone without it.
 
 On conversational memory the hybrid's top 30 holds most answers but orders them poorly
-(eval/rerank-study.md, issue 12): the lexical channel cannot tell a turn *spoken by* Caroline
+(studies/rerank-study.md, issue 12): the lexical channel cannot tell a turn *spoken by* Caroline
 ("Caroline: I went to a support group") from one that *addresses* her ("Thanks, Caroline!"), and
 a turn's meaning often sits in the turn before it. Two facts a record carries fix much of that:
 

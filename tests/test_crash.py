@@ -14,8 +14,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from engram_memory.checks.crash import Attempt, Op, check_answers, check_store, ledger_id, run_crash, run_trial
 from engram_memory.eval.bench_http import make_keys
-from engram_memory.eval.crash import Attempt, Op, check_answers, check_store, ledger_id, run_crash, run_trial
 from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
 
 

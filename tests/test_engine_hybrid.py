@@ -70,7 +70,7 @@ def test_semantic_finds_records_sharing_no_word(built) -> None:
     top = [p["record"]["record_id"] for p in value["records"][:2]]
     assert set(top) == {ids[0], ids[3]}
     receipt = value["rank_receipt"]
-    # the evaluated default: DBSF, equal weights (eval/fusion-study.md), and the semantic floor
+    # the evaluated default: DBSF, equal weights (studies/fusion-study.md), and the semantic floor
     assert receipt["profile"] == "hybrid_v1"
     assert receipt["fusion"] == {"method": "dbsf", "weights": {"lexical": 0.5, "semantic": 0.5},
                                  "semantic_floor": SEMANTIC_FLOOR,

@@ -1,4 +1,4 @@
-"""eval/lexical_study.py: its Tantivy mirror is the shipped channel, and it writes its table.
+"""studies/lexical_study.py: its Tantivy mirror is the shipped channel, and it writes its table.
 
 The study's variants are only meaningful if its own Tantivy build, with the shipped settings,
 ranks exactly as retrieval/lexical.py's LexicalIndex does; a changed weight must show.
@@ -10,8 +10,8 @@ import json
 import shutil
 from pathlib import Path
 
-from engram_memory.eval import lexical_study as ls
 from engram_memory.eval.beir import load_collection
+from studies import lexical_study as ls
 
 SAMPLE = Path(__file__).resolve().parents[1] / "eval" / "sample"
 

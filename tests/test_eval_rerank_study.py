@@ -1,4 +1,4 @@
-"""eval/rerank_study.py: its scoring is ranx's, its features parse LoCoMo turns, its choice follows the signal.
+"""studies/rerank_study.py: its scoring is ranx's, its features parse LoCoMo turns, its choice follows the signal.
 
 The full study needs the model and every LoCoMo conversation (minutes); these checks pin the parts
 its conclusions rest on, on data small enough to reason about.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engram_memory.eval import metrics
-from engram_memory.eval import rerank_study as rs
+from studies import rerank_study as rs
 
 
 def _query(fused: list[float], feature: list[float], gains: list[float], column: int = 1) -> rs.Query:

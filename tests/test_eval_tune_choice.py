@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_memory.eval.tune import GRID, SHIPPED, choose
+from studies.tune import GRID, SHIPPED, choose
 
 CHALLENGER = "convex 0.5/0.5"  # any grid row but the shipped one
 

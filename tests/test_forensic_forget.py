@@ -4,7 +4,7 @@ holds the content's text or its float32 vector bytes, and no surviving key opens
 Real engines and a real ``engram-memory serve`` process on real data directories, in hybrid mode
 (the packaged model embeds; the vector files hold the rows). Each scan is shown to find the
 content first (before the operation, or on a planted fault), so none of them can pass vacuously.
-The scans (eval/forensic.py) read every file raw -- DuckDB file and WAL, Tantivy segments, meta
+The scans (checks/forensic.py) read every file raw -- DuckDB file and WAL, Tantivy segments, meta
 and lock files, vector files, temp files, keys -- and every DuckDB value, opening every sealed blob
 with every data key still on disk (the directory holds the master key too).
 """
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import typer
 
-from engram_memory.eval.forensic import (
+from engram_memory.checks.forensic import (
     content_needles,
     orphan_keys,
     readable_leftovers,
@@ -387,11 +387,11 @@ async def test_server_forget_withdraw_and_rejection_leave_no_trace(start_server,
 
 
 def test_forget_timing_command_reports_clean_scans(tmp_path: Path) -> None:
-    """The timing command (eval/forget_timing.py), small and lexical-only: its forgets complete
+    """The timing command (studies/forget_timing.py), small and lexical-only: its forgets complete
     and its own scans find nothing; a bad option is one line and exit 2."""
     from typer.testing import CliRunner
 
-    from engram_memory.eval import forget_timing
+    from studies import forget_timing
 
     app = typer.Typer()
     app.command()(forget_timing.main)

@@ -3,14 +3,14 @@ MCP SDK client (and raw frames for what it cannot send) to real stdio servers. E
 envelope with a catalog code or an allowed JSON-RPC error, nothing echoes the planted marker, every
 call is answered, the server stays up and refused calls leave the store unchanged.
 
-The long run: ``engram-memory fuzz --calls 100000 --seed N --out out/fuzz`` (eval/fuzz.py)."""
+The long run: ``engram-memory fuzz --calls 100000 --seed N --out out/fuzz`` (checks/fuzz.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 
-from engram_memory.eval.fuzz import PURPOSE, RawClient, nest, offline_env, run_fuzz, serve_argv
+from engram_memory.checks.fuzz import PURPOSE, RawClient, nest, offline_env, run_fuzz, serve_argv
 
 
 def test_fuzzed_calls_keep_the_contract(tmp_path) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engram_memory.eval.crash import run_crash
-from engram_memory.eval.fuzz import run_fuzz
+from engram_memory.checks.crash import run_crash
+from engram_memory.checks.fuzz import run_fuzz
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

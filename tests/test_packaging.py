@@ -1,6 +1,6 @@
 """The shape of the code and of the installed distribution.
 
-* The import graph is one way: server -> store -> retrieval -> models, and eval -> store.
+* The import graph is one way: server -> store -> retrieval -> models, eval -> store, checks -> eval.
   Read from the source with ``ast`` (every import, top level or inside a function).
 * The installed distribution puts nothing generic at the top of site-packages.
 """
@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"retrieval", "models"},
     "server": {"store", "retrieval", "models"},
     "eval": {"store", "retrieval", "models"},
+    "checks": {"eval", "store", "retrieval", "models"},
 }
 
 
@@ -68,7 +69,7 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
         imported_packages(bad)
 
 
-GENERIC = {"models", "store", "retrieval", "server", "eval", "tests"}
+GENERIC = {"models", "store", "retrieval", "server", "eval", "checks", "studies", "tests"}
 
 
 def installed_distribution() -> Distribution:
@@ -110,7 +111,7 @@ def test_the_namespace_is_what_is_importable() -> None:
         )
 
 
-@pytest.mark.parametrize("name", sorted(GENERIC - {"tests"}))
+@pytest.mark.parametrize("name", sorted(GENERIC - {"tests", "studies"}))
 def test_generic_names_do_not_import_outside_the_clone(name: str, tmp_path: Path) -> None:
     """From a neutral directory, `import models` (etc.) finds nothing of ours."""
     import subprocess
@@ -149,3 +150,26 @@ def test_the_cli_lists_eval_through_the_entry_point() -> None:
 
     out = CliRunner().invoke(app, ["--help"]).output
     assert "eval" in out and "bench" in out and "serve" in out
+
+
+def test_the_wheel_ships_what_its_commands_read_and_no_study(tmp_path: Path) -> None:
+    """eval-secrets reads its corpora from the package (a wheel has no clone beside it); the
+    studies and their results stay in the repository."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    # Built from a copy: setuptools writes build/ and egg-info beside the sources it builds.
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "out",
+                                                                 "data", ".mypy_cache", "__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [wheel] = tmp_path.glob("engram_memory-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for shipped in ("engram_memory/checks/secrets/corpus.jsonl", "engram_memory/checks/secrets/probes.jsonl",
+                    "engram_memory/checks/secrets_corpus.py", "engram_memory/eval/harness.py"):
+        assert shipped in names, shipped
+    assert not [n for n in names if n.startswith(("studies/", "tests/")) or "_study" in n], sorted(names)[:20]

@@ -179,15 +179,17 @@ def test_the_documented_rerank_stage_is_the_engine_default() -> None:
 
 
 def test_readme_python_modules_take_their_flags(offline_env: dict[str, str]) -> None:
-    """Every `python -m engram_memory.<module> --flag` in the README runs --help and knows the flag."""
+    """Every `python -m engram_memory.<module>` or `python -m studies.<study>` (run from a clone) in the
+    README runs --help and knows the flags it is given."""
     seen = 0
     for block in blocks("bash"):
         for line in block.splitlines():
             words = shlex.split(line.split("  #")[0], comments=True)
-            if words[:2] != ["python", "-m"] or len(words) < 3 or not words[2].startswith("engram_memory."):
+            runnable = len(words) >= 3 and words[2].startswith(("engram_memory.", "studies."))
+            if words[:2] != ["python", "-m"] or not runnable:
                 continue
             done = subprocess.run([sys.executable, "-m", words[2], "--help"], env={**offline_env, "COLUMNS": "300"},
-                                  capture_output=True, text=True, timeout=120)
+                                  cwd=REPO, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, (words[2], done.stderr)
             for flag in (w for w in words[3:] if w.startswith("--")):
                 assert flag.split("=")[0] in done.stdout, (words[2], flag)

@@ -94,7 +94,7 @@ def test_token_edge_cases(index: LexicalIndex) -> None:
     index.upsert([doc("cjk", primary="中文检索测试"), doc("en", primary="the cat")])
     assert [rid for rid, _ in index.search("中文检索测试", 5)] == ["cjk"]
     assert index.search("😀", 5) == [] and index.search("", 5) == [] and index.search("!!!", 5) == []
-    # English stop words are dropped from documents and queries alike (eval/lexical-study.md)
+    # English stop words are dropped from documents and queries alike (studies/lexical-study.md)
     assert index.search("THE", 5) == [] and query_terms("What did you do when the cat ran?") == ["cat", "ran"]
     assert [rid for rid, _ in index.search("the CATS", 5)] == ["en"]
     assert query_terms("Running runs RUN") == ["run"]  # deduplicated, stemmed, sorted

@@ -95,7 +95,7 @@ def test_a_strong_neighbour_lifts_a_record() -> None:
 
 
 def test_order_equals_the_z_scored_sum_the_study_ranks_by() -> None:
-    """fused + σ·Σ w·z(f) orders as z(fused) + Σ w·z(f) does (eval/rerank_study.py's form)."""
+    """fused + σ·Σ w·z(f) orders as z(fused) + Σ w·z(f) does (studies/rerank_study.py's form)."""
     rng = random.Random(7)
     cfg = RerankConfig()
     for _ in range(50):

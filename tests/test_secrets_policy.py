@@ -2,8 +2,9 @@
 
 (a) the five strings once accepted by hand are rejected through the real engine, and nothing of them
     can be searched or read afterwards; a credentialed URL is rejected in any id or ref field;
-(b) the whole labelled corpus (eval/secrets/corpus.jsonl) and a held-out one through the policy
-    function: recall >= 0.98, false-positive rate <= 0.02;
+(b) the whole labelled corpus (checks/secrets/corpus.jsonl) and the generator's corpus for another
+    seed (not held-out: the rules were tuned on the generator) through the policy function:
+    recall >= 0.98, false-positive rate <= 0.02;
 (c) a sample through the real engine (capture + request_admission) gives the policy function's verdicts;
 (d) benign look-alikes in ids and refs are accepted, and read back intact.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from engram_memory.eval import secrets_eval
+from engram_memory.checks import secrets_eval
 from engram_memory.models.digests import record_id_from_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
@@ -28,8 +29,7 @@ from engram_memory.store.policy import DefaultAdmissionPolicy, secret_kind
 from engram_memory.store.secrets import find_secret, strings_of
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "eval" / "secrets" / "corpus.jsonl"
+CORPUS = secrets_eval.DEFAULT_CORPUS  # shipped with the package (engram_memory/checks/secrets/)
 
 GOOGLE_KEY = "AIzaSyD3fK9wQx1Lm7Pn2Rt8Vz4Yb6Hc0Jg5Ues"  # made up: AIza + 35 characters
 PG_URL = "postgresql://user:pass@host/db"
@@ -170,23 +170,24 @@ def test_corpus_meets_the_targets_through_the_policy_function() -> None:
             assert tally.rate <= 0.1, (kind, result.misses)
 
 
-def test_heldout_corpus_meets_the_targets() -> None:
-    result = secrets_eval.score_policy(secrets_eval.heldout_corpus(), "held-out")
+def test_another_seed_of_the_generator_meets_the_targets() -> None:
+    result = secrets_eval.score_policy(secrets_eval.generated_corpus(), "generated")
     assert result.recall >= secrets_eval.RECALL_TARGET, result.misses
     assert result.fpr <= secrets_eval.FPR_TARGET, result.misses
 
 
 def test_hand_written_probes() -> None:
-    """Sentences written by hand, not by the generator (eval/secrets/probes.jsonl): no false positive,
+    """Sentences written by hand, not by the generator (checks/secrets/probes.jsonl): no false positive,
     and at most the one known miss ('key is "..."' with no credential word)."""
-    result = secrets_eval.score_policy(secrets_eval.load_corpus(CORPUS.with_name("probes.jsonl")), "probes")
+    result = secrets_eval.score_policy(secrets_eval.load_corpus(secrets_eval.PROBES), "probes")
     assert result.benign.n >= 80 and result.benign.caught == 0, result.misses
     assert result.secret.n >= 40 and result.secret.n - result.secret.caught <= 1, result.misses
 
 
 def test_the_committed_corpus_is_what_the_generator_makes() -> None:
-    generator = secrets_eval.load_generator()
-    assert secrets_eval.load_corpus(CORPUS) == generator.generate(generator.SEED)
+    from engram_memory.checks.secrets_corpus import SEED, generate
+
+    assert secrets_eval.load_corpus(CORPUS) == generate(SEED)
 
 
 # ---- (c) the real engine agrees with the policy function ----------------------------------------

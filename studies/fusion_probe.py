@@ -1,6 +1,6 @@
 """Diagnostic: fuse the engine's own channel lists offline, to explain a fusion result.
 
-``python -m engram_memory.eval.fusion_probe --store STORE_DIR --dataset DIR`` reads, for every judged query,
+``python -m studies.fusion_probe --store STORE_DIR --dataset DIR`` reads, for every judged query,
 the lexical and semantic hit lists exactly as ``search()`` gets them (depth ``CHANNEL_DEPTH``
 from the store's projections; every record of an eval store is eligible), then scores
 ``retrieval.fusion`` functions on them at several depths, plus two DBSF variants that are not

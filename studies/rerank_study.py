@@ -1,6 +1,6 @@
 """How far LoCoMo's hybrid can go by reranking its head with what ships (issue 12 item 3): a measured study.
 
-    python -m engram_memory.eval.rerank_study [--data ../shared/data/locomo] [--out eval]
+    python -m studies.rerank_study [--data ../shared/data/locomo] [--out studies]
 
 The hybrid is the engine's own (retrieval/lexical.py's index, the packaged model's cosine,
 retrieval/ranking.py's ``rank`` with the default fusion and floor), as in memory_study. Its top
@@ -39,12 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from engram_memory.eval import memory_study as ms
 from engram_memory.eval import metrics
 from engram_memory.eval.beir import Collection, collection_folders, load_collection
 from engram_memory.eval.ingest import event_at
 from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
 from engram_memory.retrieval.rerank import HeadFacts, Timeline, features, speaker_labels
+from studies import memory_study as ms
 
 HEAD = 30
 STAGE_HEADS = (30, 50, 100)  # the engine stage's head sizes: at most 100 records read per search

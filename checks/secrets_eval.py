@@ -1,6 +1,6 @@
 """``engram-memory eval-secrets``: does a secret ever become memory? Measured on a labelled corpus.
 
-Each example of ``eval/secrets/corpus.jsonl`` (built by ``eval/secrets/make_corpus.py``) is placed
+Each example of ``checks/secrets/corpus.jsonl`` (built by ``checks/secrets_corpus.py``) is placed
 where its ``where`` says -- the component text, or a component id, citation id, primary event
 type_ref, citation locator value, source_ref, evidence_ref or attestation -- in an otherwise
 valid capture, and sent through the REAL admission path: an in-process engine on a temporary
@@ -10,9 +10,12 @@ capture (``INVALID_SCHEMA``: e.g. a 1.7 kB PEM block cannot be a 512-byte id), r
 A benign look-alike must be ``accepted``.
 
 Reported per kind and per field: recall on secrets, false-positive rate on benign look-alikes,
-against the targets (recall >= 0.98, FPR <= 0.02). ``--heldout`` also generates a second corpus
-with another seed (other values and other phrasings from the same parts) and reports it apart:
-the rules were tuned on the committed corpus, the held-out set was not looked at.
+against the targets (recall >= 0.98, FPR <= 0.02). ``--generated-seed N`` also generates a corpus
+with another seed (other values and other phrasings from the same parts) and reports it apart. It
+comes from the generator the rules were tuned on, so it is not held-out data.
+
+The corpora ship with the package (``engram_memory/checks/secrets/``): the command works from a
+wheel as from a clone.
 
 ``policy_verdict`` is the fast path the unit tests use: the same payload through schema
 validation and ``DefaultAdmissionPolicy.decide``, no engine.
@@ -21,7 +24,6 @@ validation and ``DefaultAdmissionPolicy.decide``, no engine.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import sys
 import tempfile
@@ -30,21 +32,20 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, cast
 
 import typer
 
 from engram_memory.models.context import HostContext
 from engram_memory.models.errors import EngramError
-from engram_memory.models.tools import parse_input, to_plain
+from engram_memory.models.tools import CaptureInput, RequestAdmissionInput, parse_input, to_plain
 
 Opt = typer.Option
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_CORPUS = Path("eval/secrets/corpus.jsonl")
-GENERATOR = HERE / "secrets" / "make_corpus.py"
-HELDOUT_SEED = 424242
+DATA = Path(__file__).resolve().parent / "secrets"  # package data: shipped in the wheel
+DEFAULT_CORPUS = DATA / "corpus.jsonl"
+PROBES = DATA / "probes.jsonl"
+GENERATED_SEED = 424242  # the seed the README's figures for a regenerated corpus use
 RECALL_TARGET = 0.98
 FPR_TARGET = 0.02
 T_VALID = 1_780_000_000_000 - 86_400_000  # valid_time and event time: any past instant will do
@@ -75,18 +76,11 @@ def load_corpus(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_generator() -> ModuleType:
-    """eval/secrets/make_corpus.py, loaded by path (a data folder, not a package)."""
-    spec = importlib.util.spec_from_file_location("engram_secrets_make_corpus", GENERATOR)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def generated_corpus(seed: int = GENERATED_SEED) -> list[dict[str, Any]]:
+    """The generator's corpus for another seed (not held-out: the rules were tuned on its parts)."""
+    from engram_memory.checks.secrets_corpus import generate
 
-
-def heldout_corpus(seed: int = HELDOUT_SEED) -> list[dict[str, Any]]:
-    return list(load_generator().generate(seed, hand_tried=False))
+    return list(generate(seed, hand_tried=False))
 
 
 # ---- placing an example in a capture -------------------------------------------------------------
@@ -165,12 +159,13 @@ class EngineRunner:
         self._n += 1
         args = capture_arguments(example, self._n)
         try:
-            cap = to_plain(self.engine.capture(self.ctx, parse_input("capture", args)))
+            cap = to_plain(self.engine.capture(self.ctx, cast(CaptureInput, parse_input("capture", args))))
         except EngramError as exc:
             return ("blocked" if exc.code == "INVALID_SCHEMA" else f"error:{exc.code}"), None
         admit = {"candidate_id": cap["candidate_id"], "idempotency_key": f"eval-secrets-admit-{self._n:08d}"}
         try:
-            value = to_plain(self.engine.request_admission(self.ctx, parse_input("request_admission", admit)))
+            request = cast(RequestAdmissionInput, parse_input("request_admission", admit))
+            value = to_plain(self.engine.request_admission(self.ctx, request))
         except EngramError as exc:
             return f"error:{exc.code}", None
         outcome = value["outcome"]
@@ -340,22 +335,23 @@ def eval_secrets_cmd(
     = DEFAULT_CORPUS,
     json_out: Annotated[Path | None, Opt("--json", help="Write the full results (per kind, per field, every "
                                          "miss) to this JSON file.", show_default=False)] = None,
-    heldout: Annotated[bool, Opt("--heldout/--no-heldout", help="Also generate and score a held-out corpus "
-                                 "(another seed of eval/secrets/make_corpus.py).")] = False,
-    heldout_seed: Annotated[int, Opt("--heldout-seed", help="Seed of the held-out corpus.")] = HELDOUT_SEED,
+    generated_seed: Annotated[int | None, Opt("--generated-seed", metavar="N", show_default=False,
+                                              help="Also generate and score the generator's corpus for seed N "
+                                              f"(e.g. {GENERATED_SEED}; the generator the rules were tuned on, "
+                                              "reported apart).")] = None,
     policy_only: Annotated[bool, Opt("--policy-only", help="Score the policy function alone (fast; no engine, "
                                      "no capture or admission).")] = False,
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bar on stderr.")] = True,
 ) -> None:
     """Secrets never become memory: run a labelled corpus through capture + admission; recall and FPR."""
     if not corpus.is_file():
-        fail(f"--corpus {corpus}: no such file (from a clone: eval/secrets/corpus.jsonl)")
+        fail(f"--corpus {corpus}: no such file (the shipped one is {DEFAULT_CORPUS})")
     if json_out is not None and not json_out.parent.is_dir():
         fail(f"--json {json_out}: its folder does not exist")
     try:
         sets = [("corpus", load_corpus(corpus))]
-        if heldout:
-            sets.append((f"held-out (seed {heldout_seed})", heldout_corpus(heldout_seed)))
+        if generated_seed is not None:
+            sets.append((f"generated (seed {generated_seed})", generated_corpus(generated_seed)))
     except (OSError, ValueError) as exc:
         fail(str(exc))
 
@@ -372,8 +368,12 @@ def eval_secrets_cmd(
             def tick(task: Any = task) -> None:
                 bar.advance(task)
 
+            def judged(example: dict[str, Any], index: int, tick: Callable[[], None] = tick) -> str:
+                tick()
+                return policy_verdict(example, index)
+
             if policy_only:
-                scores.append(score(name, examples, lambda ex, i, tick=tick: (tick(), policy_verdict(ex, i))[1]))
+                scores.append(score(name, examples, judged))
             else:
                 scores.append(score_engine(examples, name, tick))
     render(scores, "policy function" if policy_only else "engine: capture + request_admission")

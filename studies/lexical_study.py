@@ -1,6 +1,6 @@
 """Why the lexical channel loses to standard BM25 (issue 12 item 1): a measured study, lexical only.
 
-    python -m engram_memory.eval.lexical_study [--data ../shared/data] [--out eval]
+    python -m studies.lexical_study [--data ../shared/data] [--out studies]
 
 On every development collection (scifact, cranfield, medline and each LoCoMo conversation) it
 scores, by nDCG@10 (and Recall@10/100 in the JSON):
@@ -327,7 +327,7 @@ def markdown(results: Mapping[str, Any], metric: str = "ndcg@10") -> str:
     has_mean = "locomo_mean" in results
     head = [c.replace("locomo/", "") for c in cols] + (["LoCoMo mean"] if has_mean else [])
     lines = [f"# Lexical channel vs standard BM25: {metric} by variant", "",
-             "Made by `python -m engram_memory.eval.lexical_study` (lexical only, no embeddings). "
+             "Made by `python -m studies.lexical_study` (lexical only, no embeddings). "
              "Each variant changes one factor of the shipped channel unless its group says otherwise; "
              "`bm25s` is the `baseline` row of `engram-memory eval`. **Bold**: at or above `bm25s` on that "
              "collection.", "",
@@ -352,7 +352,7 @@ def markdown(results: Mapping[str, Any], metric: str = "ndcg@10") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engram_memory.eval.lexical_study", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m studies.lexical_study", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with scifact, cranfield, medline, "
                         "locomo/ (default: ../shared/data beside the clone)")

@@ -1,6 +1,6 @@
 """Choose the fusion default on evidence: a grid over the dev collections, through the real engine.
 
-``python -m engram_memory.eval.tune --out OUT`` ingests (or reuses, same cache as ``eval``) each collection,
+``python -m studies.tune --out OUT`` ingests (or reuses, same cache as ``eval``) each collection,
 scores the two single channels and every fusion configuration in ``GRID`` with the unmodified
 search path, and writes ``OUT/tune.json`` and ``OUT/tune.md`` (a table per collection and a
 summary). It also compares the two document mappings on the lexical channel (the semantic

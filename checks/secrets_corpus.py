@@ -1,20 +1,21 @@
-"""Generate the labelled secrets corpus (eval/secrets/corpus.jsonl).
+"""Generate the labelled secrets corpus (checks/secrets/corpus.jsonl).
 
-    python eval/secrets/make_corpus.py                      # the committed corpus (seed 20260)
-    python eval/secrets/make_corpus.py --seed 7 --out x.jsonl
+    python -m engram_memory.checks.secrets_corpus                      # the committed corpus (seed 20260)
+    python -m engram_memory.checks.secrets_corpus --seed 7 --out x.jsonl
 
 Every value is FAKE: drawn from ``random.Random(seed)`` with the right shape (prefix, length,
 alphabet) of the real thing, never copied from anywhere. Sentences are composed from parts
 (lead-in, qualifier, credential word, "for the ..." phrase, connector, value, tail), so another
-seed gives other phrasings as well as other values; ``engram-memory eval-secrets --heldout``
-uses that for a held-out set.
+seed gives other phrasings as well as other values; ``engram-memory eval-secrets --generated-seed N``
+scores such a corpus too. It is the generator the rules were tuned on with another seed, so it is
+not held-out data: it shows the rules generalise across values and phrasings of the same parts.
 
 Each line: {"text", "label": "secret"|"benign", "kind", "where"} where "where" is the candidate
 field the text is placed in (text, component_id, citation_id, type_ref, locator, source_ref,
 evidence_ref, attestation). The five hand-tried strings of the "Prove it" issue are included
 verbatim (with "source": "hand-tried").
 
-Stdlib only; importable by path (eval/secrets_eval.py loads it to build the held-out set).
+Stdlib only; a module of the checks package (checks/secrets_eval.py imports it).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import hashlib
 import json
 import random
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 SEED = 20260
-OUT = Path(__file__).resolve().parent / "corpus.jsonl"
+OUT = Path(__file__).resolve().parent / "secrets" / "corpus.jsonl"
 
 B62 = string.ascii_letters + string.digits
 B64 = B62 + "+/"
@@ -67,7 +68,7 @@ class Gen:
     def s(self, alphabet: str, n: int) -> str:
         return "".join(self.r.choice(alphabet) for _ in range(n))
 
-    def pick(self, items: list[Any]) -> Any:
+    def pick(self, items: Sequence[Any]) -> Any:
         return self.r.choice(items)
 
     def chance(self, p: float) -> bool:

@@ -1,6 +1,6 @@
 """What text of a short conversational record to index and embed (issue 12 item 3): a measured study.
 
-    python -m engram_memory.eval.memory_study [--data ../shared/data/locomo] [--out eval]
+    python -m studies.memory_study [--data ../shared/data/locomo] [--out studies]
 
 A LoCoMo record is one dialogue turn: ``text`` = "Speaker: words" (plus a shared photo's
 caption), ``title`` = the session number and date. The ``single`` eval mapping (what an agent
@@ -143,7 +143,7 @@ def study_setup(doc: str, prog: str, argv: list[str] | None) -> tuple[argparse.N
     """
     ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a folder of LoCoMo collections")
-    ap.add_argument("--out", type=Path, default=Path("eval"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
     from engram_memory.retrieval.embedder import Embedder
 

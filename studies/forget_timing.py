@@ -1,11 +1,11 @@
 """Time the forget path on one scope and scan the data directory afterwards.
 
-    python -m engram_memory.eval.forget_timing --records 1000 --forgets 20 [--json]
+    python -m studies.forget_timing --records 1000 --forgets 20 [--json]
 
 Builds a fresh store (one scope, ``--records`` admitted records, embedded when ``--semantic``),
 then forgets ``--forgets`` records one at a time through the engine, timing each call and its
 stages (the lifecycle commit, the lexical purge, the vector purge and save). Finally it closes the
-engine (DuckDB checkpoints) and runs the forensic scans of eval/forensic.py for the forgotten
+engine (DuckDB checkpoints) and runs the forensic scans of checks/forensic.py for the forgotten
 records' text and vectors: files and bytes read, seconds, and what was found (must be nothing).
 """
 
@@ -34,8 +34,8 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from engram_memory.checks.forensic import content_needles, orphan_keys, scan_duckdb, scan_files  # noqa: E402
 from engram_memory.eval.bench_parts import pcts  # noqa: E402
-from engram_memory.eval.forensic import content_needles, orphan_keys, scan_duckdb, scan_files  # noqa: E402
 
 WORDS = ("release train backup replica schema cache index budget rollout pager tenant quota audit "
          "latency cluster vendor invoice migration contract sprint roadmap incident deploy").split()

@@ -1,6 +1,6 @@
 """Choose the fusion honestly (issue 12 items 2 and 4): rotation over the development collections.
 
-    python -m engram_memory.eval.fusion_study [--data ../shared/data] [--cache-dir out/cache] [--out eval]
+    python -m studies.fusion_study [--data ../shared/data] [--cache-dir out/cache] [--out studies]
 
 For every development collection (scifact, cranfield, medline and each LoCoMo conversation) it
 ingests the store (or reuses ``engram-memory eval``'s cache), reads every judged query's lexical
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--cache-dir", type=Path, default=Path("out/cache"), help="eval's store cache")
-    ap.add_argument("--out", type=Path, default=Path("eval"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     cols: dict[str, tuple[Collection, Lists]] = {}
