@@ -45,6 +45,7 @@ Opt = typer.Option
 DATA = Path(__file__).resolve().parent / "secrets"  # package data: shipped in the wheel
 DEFAULT_CORPUS = DATA / "corpus.jsonl"
 PROBES = DATA / "probes.jsonl"
+FROZEN = DATA / "frozen.jsonl"  # hand-written, frozen before the rules it measures (README there)
 GENERATED_SEED = 424242  # the seed the README's figures for a regenerated corpus use
 RECALL_TARGET = 0.98
 FPR_TARGET = 0.02
@@ -335,6 +336,8 @@ def eval_secrets_cmd(
     = DEFAULT_CORPUS,
     json_out: Annotated[Path | None, Opt("--json", help="Write the full results (per kind, per field, every "
                                          "miss) to this JSON file.", show_default=False)] = None,
+    frozen: Annotated[bool, Opt("--frozen/--no-frozen", help="Also score the frozen hand-written corpus "
+                                "(checks/secrets/frozen.jsonl), reported apart.")] = True,
     generated_seed: Annotated[int | None, Opt("--generated-seed", metavar="N", show_default=False,
                                               help="Also generate and score the generator's corpus for seed N "
                                               f"(e.g. {GENERATED_SEED}; the generator the rules were tuned on, "
@@ -350,6 +353,8 @@ def eval_secrets_cmd(
         fail(f"--json {json_out}: its folder does not exist")
     try:
         sets = [("corpus", load_corpus(corpus))]
+        if frozen:
+            sets.append(("frozen (hand-written)", load_corpus(FROZEN)))
         if generated_seed is not None:
             sets.append((f"generated (seed {generated_seed})", generated_corpus(generated_seed)))
     except (OSError, ValueError) as exc:

@@ -22,9 +22,10 @@ from engram_memory.store.secrets import find_secret, strings_of
 __all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_secret", "secret_kind"]
 
 POLICY_ID = "engram-memory:default-admission"
-# Bumped to "2" when every string of the candidate became screened: the version is bound
-# into every admission decision receipt (tests/golden pins them) and into eval store keys.
-POLICY_VERSION = "2"
+# Bumped to "2" when every string of the candidate became screened, to "3" when credentials stated
+# in prose in four languages became secrets (store/statements.py): the version is bound into every
+# admission decision receipt (tests/golden pins them) and into eval store keys.
+POLICY_VERSION = "3"
 
 Decision = Literal["accept", "reject", "adjudication_required"]
 

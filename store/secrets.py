@@ -38,6 +38,8 @@ from typing import Any
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.plugins.keyword import KeywordDetector as _KeywordDetector
 
+from engram_memory.store.statements import find_statement
+
 __all__ = ["contains_secret", "find_secret", "strings_of"]
 
 _MAX_VALUE = 300  # characters of a value examined; a secret longer than this is still caught by its head
@@ -124,12 +126,6 @@ _KEY_TAILS: dict[tuple[str, ...], str] = {
 _KEY_QUALIFIERS = frozenset(
     "api access secret private signing encryption master account consumer app client hmac webhook service"
     " deploy auth license shared storage subscription admin root jwt session sas aes".split()
-)
-# "<word> pass" is a password ("DB_PASS", "RABBITMQ_DEFAULT_PASS") except after these ("first pass").
-_PASS_NOT_SECRET = frozenset(
-    "first second third fourth final last next previous single multi one two three render compiler optimizer"
-    " by bypass boarding bus day week season free hall mountain ski test tests lint build check"
-    " forward backward fast slow dry".split()
 )
 # A token/secret key whose first word makes it something else (pagination, counts, names).
 _KEY_NOT_SECRET_HEADS = frozenset(
@@ -456,6 +452,11 @@ def _is_path(v: str) -> bool:
     return bool(parts) and all(len(p) <= 40 and not _random_looking(p) for p in parts)
 
 
+_FIELD_NAMES = re.compile(r"(?i)^(?:user(?:name)?|login|email|e-mail)\s*[/:]\s*(?:pass(?:word)?|pw|pwd)\W*$")
+_COOKIE_ATTRIBUTE = re.compile(r"(?i)^(?:samesite|secure|httponly|path|domain|max-age|expires|priority|partitioned)"
+                               r"(?:=[\w./-]*)?\W*$")
+
+
 def _benign_value(value: str, quoted: bool = False) -> bool:
     """Placeholders, references, digests, hashes and versions: never a secret. Unquoted, also code
     (``os.environ["X"]``, ``settings.DB_PASSWORD``, ``db_password``): a quoted value is a literal."""
@@ -474,6 +475,8 @@ def _benign_value(value: str, quoted: bool = False) -> bool:
         return True  # elided ("hf_..."), a template slot ("Bearer {token}"), a pattern ("[a-f0-9]{48}")
     if _NAMES_A_SECRET.match(v):
         return True  # spells what it stands for: "my-api-key", "secret_value", "hf_oauth_refresh_token"
+    if _FIELD_NAMES.match(v) or _COOKIE_ATTRIBUTE.match(v):
+        return True  # "user/pass" names the fields; "SameSite=Lax" is a cookie attribute, not its value
     if quoted:
         return False
     if _EXPRESSION.match(v) or v[0] in "([{" or _EMPHASIS.match(v):
@@ -570,6 +573,11 @@ def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
     return letters >= 1 and (digits >= 1 or symbols >= 1)
 
 
+def _spaced(key: str) -> bool:
+    """Words written apart ("boarding pass") are English; a variable is written as one identifier."""
+    return re.search(r"\s", key.strip()) is not None
+
+
 def _key_tier(key: str) -> str | None:
     """'P' or 'T' when the key names a secret, else None."""
     words = [w.lower() for w in _WORD_SPLIT.split(key.strip("-")) if w]
@@ -580,7 +588,7 @@ def _key_tier(key: str) -> str | None:
         if len(words) >= size and tuple(words[-size:]) in _KEY_TAILS:
             head = words[-size - 1] if len(words) > size else ""
             tier = _KEY_TAILS[tuple(words[-size:])]
-            if words[-1] == "pass" and head in _PASS_NOT_SECRET:
+            if words[-1] == "pass" and _spaced(key):
                 return None
             if words[-1] == "pin" and len(words) > 1 and head not in {"user", "admin", "card", "sim", "door", "alarm",
                                                                          "atm", "bank", "phone", "safe", "login"}:
@@ -588,8 +596,8 @@ def _key_tier(key: str) -> str | None:
             if head in _KEY_NOT_SECRET_HEADS:
                 return None
             return tier
-    if words[-1] == "pass" and (len(words) == 1 or words[-2] not in _PASS_NOT_SECRET):
-        return "P"
+    if words[-1] == "pass" and (len(words) == 1 or not _spaced(key)):
+        return "P"  # DB_PASS, dbPass, RABBITMQ_DEFAULT_PASS; not "boarding pass" nor "first pass"
     last = words[-1]  # glued: PGPASSWORD, mysqlpassword, authtoken, apisecret
     if last.endswith(("password", "passwd", "passphrase", "passcode")):
         return "P"
@@ -778,6 +786,13 @@ _DETECTOR_HINTS = re.compile(
 )
 
 
+# ---- 5. statements in four languages (store/statements.py) ---------------------------------------
+
+_STATEMENT_HINTS = re.compile(
+    r"(?i)pass|pw|pin|code|c(?:ó|o)digo|mdp|mot de|contrase|clave|kennwort|passwort|key|cl(?:é|e)|schl(?:ü|u)ssel|"
+    r"seed|phrase|semilla|secret|token|jeton|geheim|login|log in|log into|sign in|cred|identifiant|zugang|"
+    r"@|ssh|combina|kombination|connexion|usa |use |utilise|benutze|entra|frase|conectar|anmeld|einlogg|router")
+
 # ---- the screen -----------------------------------------------------------------------------------
 
 
@@ -794,7 +809,8 @@ def find_secret(text: str) -> str | None:
         # Each rule family runs only on a line holding a word it needs (a cheap first look).
         found = (_STEMS.search(line) and (_assignments(line) or _prose(line))) or \
             (_HEADER_HINTS.search(line) and _headers(line)) or \
-            (_DETECTOR_HINTS.search(line) and _detect_secrets(line))
+            (_DETECTOR_HINTS.search(line) and _detect_secrets(line)) or \
+            (_STATEMENT_HINTS.search(line) and find_statement(line))
         if found:
             return found
     return None

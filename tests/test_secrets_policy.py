@@ -30,6 +30,7 @@ from engram_memory.store.secrets import find_secret, strings_of
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx
 
 CORPUS = secrets_eval.DEFAULT_CORPUS  # shipped with the package (engram_memory/checks/secrets/)
+REPO = Path(__file__).resolve().parents[1]
 
 GOOGLE_KEY = "AIzaSyD3fK9wQx1Lm7Pn2Rt8Vz4Yb6Hc0Jg5Ues"  # made up: AIza + 35 characters
 PG_URL = "postgresql://user:pass@host/db"
@@ -243,3 +244,70 @@ def test_benign_lookalikes_in_ids_and_refs_are_accepted(engine: Engine) -> None:
         carried = set(strings_of([record["components"], record["citations"], record["primary_event"]]))
         if where != "evidence_ref":  # evidence is not part of the record
             assert value in carried, (where, value)
+
+
+# ---- (e) the frozen, hand-written corpus and the development collections (issue 24) -------------
+
+FROZEN_SHA256 = "3dfeadae88b83909a101f1b482fbe5fdca3172c128ca4a48f14406a6c0a58a2c"
+ISSUE_SECRETS = [
+    "the wifi password is sunflower", "root pw for db is 'hunter2'", "the pass is letmein",
+    "ssh root@10.0.0.5 password toor", "log into the router with admin/admin",
+    "Netflix: jane@x.com / Netflix2023!", "my pin is 4821", "WPA2 key: sunflower99", "The garage code is 4821",
+    "le mot de passe du wifi est tournesol", "la contraseña del wifi es girasol", "das WLAN-Passwort ist Sonnenblume",
+    "wallet seed phrase: abandon ability able about above absent absorb abstract absurd abuse access accident",
+    "The 2FA backup codes are 8391-2047, 5520-1938, 7781-0012",
+]
+ISSUE_BENIGN = ["Login flow: user/pass then TOTP.", "Set the session cookie to SameSite=Lax.",
+                "the password is wrong, ask IT to reset it", "a password is required for every account",
+                "API key: `<your-api-key>`", "passwords are rotated every 90 days",
+                "boarding pass and passport", "first pass: tokenize", "the zip code for the office is 94103",
+                "PIN endocytosis regulates auxin transport", "the key insight is that latency is dominated by DNS"]
+
+
+def test_the_frozen_corpus_is_the_one_written_before_the_rules() -> None:
+    import hashlib
+
+    assert hashlib.sha256(secrets_eval.FROZEN.read_bytes()).hexdigest() == FROZEN_SHA256  # never edited to fit
+
+
+def test_the_frozen_corpus_meets_the_targets() -> None:
+    examples = secrets_eval.load_corpus(secrets_eval.FROZEN)
+    assert len(examples) == 433 and {e["lang"] for e in examples} == {"en", "fr", "es", "de"}
+    result = secrets_eval.score_policy(examples, "frozen")
+    assert result.recall >= secrets_eval.RECALL_TARGET, result.misses
+    assert result.fpr <= secrets_eval.FPR_TARGET, result.misses
+    for lang in ("en", "fr", "es", "de"):  # no language is sacrificed to the average
+        part = secrets_eval.score_policy([e for e in examples if e["lang"] == lang], lang)
+        assert part.recall >= 0.95 and part.fpr <= 0.02, (lang, part.misses)
+
+
+@pytest.mark.parametrize("text", ISSUE_SECRETS)
+def test_credentials_stated_in_prose_are_secrets(text: str) -> None:
+    assert find_secret(text) is not None, text
+
+
+@pytest.mark.parametrize("text", ISSUE_BENIGN)
+def test_talk_about_credentials_is_not_a_secret(text: str) -> None:
+    assert find_secret(text) is None, text
+
+
+def test_no_document_of_the_development_collections_is_rejected() -> None:
+    """Every document and query of SciFact, Cranfield, Medline, the LoCoMo conversations and the
+    shipped sample goes through the screen: none may be taken for a secret."""
+    import json
+
+    data = REPO.parent / "shared" / "data"
+    corpora = sorted(data.rglob("corpus.jsonl"))
+    assert len(corpora) >= 8, f"the development collections are missing under {data}"
+    screened, rejected = 0, []
+    for corpus in [*corpora, REPO / "eval" / "sample" / "corpus.jsonl"]:
+        for line in corpus.open(encoding="utf-8"):
+            doc = json.loads(line)
+            screened += 1
+            if find_secret(f"{doc.get('title', '')}\n{doc.get('text', '')}".strip()):
+                rejected.append((corpus.parent.name, doc["_id"]))
+        for line in (corpus.parent / "queries.jsonl").open(encoding="utf-8"):
+            screened += 1
+            if find_secret(json.loads(line)["text"]):
+                rejected.append((corpus.parent.name, "query"))
+    assert screened > 12_000 and rejected == [], rejected[:10]

@@ -1,0 +1,237 @@
+"""Credentials stated in prose, in English, French, Spanish and German: a judge of statements.
+
+A credential noun bound to a concrete value is a secret: "the wifi password is sunflower",
+"mdp : azerty123", "die PIN lautet 4821", "Netflix: jane@x.com / Netflix2023!", "log into the
+router with admin/admin", a seed phrase of a dozen words, a list of 2FA backup codes. The same
+noun bound to a state, an explanation or a placeholder is not: "the password is wrong", "is
+required", "rotated every 90 days", "`<your-key>`", "in the team vault". So the judge asks two
+questions of each statement, instead of listing examples:
+
+1. Does a credential noun (``NOUNS``) stand before a connector ("is", ":", "=", "est", "es",
+   "ist", "lautet", ...) with at most a short qualifier between them ("for the staging db")?
+   Nouns that are everyday words elsewhere need a qualifier that makes them credentials: a
+   *code* must be a door, gate, alarm, verification... code (a zip code, an error code, a code
+   review are not), a *key* a wifi, WPA2, licence... key ("the key is patience" is not).
+2. Is what follows the connector one value that ends the clause, which is not a state or
+   explanation word (``STATES``), a placeholder, a reference or a number with a unit?
+
+The judge was written against the frozen, hand-written corpus's *design*, after the corpus was
+frozen (checks/secrets/frozen.jsonl), never tuned to single sentences of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Credential nouns a connector may bind to a value, in the four languages.
+_PASSWORD = (
+    r"pass(?:word|wd|phrase|code)?s?|pw|pwd|pass[ -](?:phrase|code)|mot\s+de\s+passe|mdp|passphrase|"
+    r"contrase(?:ñ|n)a|clave|passwort|kennwort|pass-?wort|frase\s+de\s+paso|"
+    r"PIN(?:[ -]?(?:code|number|nummer))?|pin(?:[ -](?:code|number))?|code\s+PIN|code\s+secret|"
+    r"[\w-]*-PIN|c(?:ó|o)digo\s+PIN"
+)
+_CODE_QUALIFIERS = (
+    r"door|gate|garage|alarm|access|entry|keypad|lock|safe|unlock|verification|security|confirmation|one-time|"
+    r"2fa|otp|totp|sms|backup|recovery|building|bike|locker|meeting|zoom|voicemail|"
+    r"porte|portail|garage|alarme|acc(?:è|e)s|v(?:é|e)rification|cadenas|coffre|immeuble|"
+    r"puerta|portal|garaje|alarma|acceso|verificaci(?:ó|o)n|candado|edificio|"
+    r"t(?:ü|u)r|tor|garagen|alarm(?:anlagen)?|zugangs|best(?:ä|a)tigungs|tresor|geb(?:ä|a)ude|"
+    r"card|carte|carte\s+bleue|tarjeta|karten?|disarm|panel|pattern|\w*schloss"
+)
+_CODES = (
+    r"(?:" + _CODE_QUALIFIERS + r")[ -]?codes?|codes?\s+(?:de|du|de\s+la|del|de\s+l')\s*(?:" + _CODE_QUALIFIERS +
+    r")|c(?:ó|o)digos?\s+(?:de|del|de\s+la)\s+(?:" + _CODE_QUALIFIERS + r")|(?:" + _CODE_QUALIFIERS +
+    r")-?code|digicode|passcode|backup[ -]codes|recovery[ -]codes|codes\s+de\s+secours|"
+    r"c(?:ó|o)digos\s+de\s+respaldo|backup-codes"
+)
+_KEYS = (
+    r"(?:wifi|wi-fi|wlan|wpa2?|wep|network|licen[cs]e|product|serial|api|secret|private|master|encryption|"
+    r"decryption|recovery|bitlocker)[ -]?(?:key|schl(?:ü|u)ssel)|cl(?:é|e)\s+(?:wpa2?|wifi|api|de\s+licence)|"
+    r"wlan-schl(?:ü|u)ssel|wpa2?-schl(?:ü|u)ssel"
+)
+_SEEDS = (
+    r"seed(?:\s+phrase|\s+words)?|recovery\s+phrase|mnemonic|phrase\s+de\s+r(?:é|e)cup(?:é|e)ration|"
+    r"frase\s+semilla|wiederherstellungsphrase"
+)
+_LOGINS = (
+    r"credentials|creds|login(?:/password)?|log-?in|identifiants|credenciales|zugangsdaten|anmeldedaten|"
+    r"connexion|acc(?:è|e)s"
+)
+# German glues or hyphenates its qualifiers: "WLAN-Passwort", "Druckerpasswort", "Garagencode".
+# (glued: only the password words; a glued "...pin" or "...code" is English too: gonadotropin, barcode)
+_COMPOUND = (r"\w+(?:passwort|kennwort|schl(?:ü|u)ssel)|"
+             r"[\w]+(?:-\w+)*-(?:passwort|kennwort|pin|codes?|token|passphrase|schl(?:ü|u)ssel)")
+_NOUN = r"(?P<noun>" + "|".join((_COMPOUND, _PASSWORD, _CODES, _KEYS, _SEEDS, _LOGINS)) + r")"
+# What binds a noun to its value: a verb of being or naming, or a colon / equals sign.
+_CONNECTOR = (
+    r"(?P<conn>(?<!\w)(?:(?:is|was|are|were|'s)(?:\s+now|\s+still)?|(?:got\s+|has\s+been\s+|was\s+)?(?:changed|set|reset)\s+to|"
+    r"(?:a\s+été\s+|est\s+)?chang(?:é|ée)\s+en|(?:fue\s+|ha\s+sido\s+)?cambiad[ao]\s+a|(?:wurde|ist)\s+auf|"
+    r"says|reads|est|c'est|était|es|era|son|ist|lautet|war|sind)(?!\w)|=|:|\s-\s)"
+)
+# A short qualifier between noun and connector: "for the staging db", "on my phone", "(garage)".
+_QUALIFIER = r"(?P<qual>(?:\s+(?!(?:is|was|est|es|ist|lautet)\b)[^\s:=.;!?]+){0,6}?)"
+# ``rest`` is a lookahead: a line may state several credentials ("Login: admin  Passwort: admin123").
+_STATEMENT = re.compile(r"(?<![\w-])" + _NOUN + _QUALIFIER + r"\s*" + _CONNECTOR + r"\s*(?=(?P<rest>.{1,400}))",
+                        re.IGNORECASE | re.DOTALL)
+# A bare "code" is a credential only next to what it opens: "the code for the bike lock is 3177",
+# "der Code fürs Tor ist *1234" (a zip code, an error code or a code review is not).
+_BARE_CODE = re.compile(r"(?<![\w-])(?P<noun>codes?|c(?:ó|o)digo|combination|combinaison|combinaci(?:ó|o)n|kombination)"
+                        r"(?P<qual>(?:\s+[^\s:=.;!?]+){0,5}?)\s*" + _CONNECTOR +
+                        r"\s*(?=(?P<rest>.{1,400}))", re.IGNORECASE | re.DOTALL)
+_OPENS = re.compile(r"(?i)\b(?:" + _CODE_QUALIFIERS + r")\b|fürs?\s+(?:das\s+|den\s+)?tor\b")
+# A password noun right before a password-shaped value, no connector: "password welcome2024",
+# "pw applepie99", "mot de passe deploy2023", "voicemail pin 1357", "disarm code 6060".
+_ADJACENT = re.compile(r"(?<![\w-])(?P<noun>" + _PASSWORD + r"|codes?)\s+(?P<val>[^\s,;]{3,128}?)(?=[.,;!?)]*(?:\s|$))",
+                       re.IGNORECASE)
+_REVERSED = re.compile(
+    r"(?i)\b(?:use|utilise[sz]?|usa|benutze|nimm)\s+(?P<val>[\"'`‘“«]?[^\s\"'`’”»]{3,64}[\"'`’”»]?)\s+"
+    r"(?:to|pour|para|um|zum)\s+(?:log\s*(?:in|on)|sign\s+in|login|connect|unlock|te\s+connecter|"
+    r"(?:se\s+)?connecter|entrar|iniciar\s+sesi(?:ó|o)n|dich\s+anzumelden|einzuloggen|anzumelden)")
+
+# The words that make what follows a connector a state, an explanation or a phrase, not a value.
+STATES = frozenset("""
+a an the this that these those my your our their his her its it one same different another other any some no not
+never always now still also too only just already yet here there in on at into inside under below above with
+without by for from of to via as like than then and or but if so
+wrong incorrect correct right valid invalid required mandatory optional needed missing empty blank unset set
+expired expiring changed reset rotated updated stored saved kept hashed salted encrypted hidden masked redacted
+revoked accepted rejected locked unlocked blocked disabled enabled active inactive pending known unknown public
+private secret shared personal weak strong long short random unique new old default temporary permanent fine ok
+okay good bad broken fixed ready out down up closed open loose written printed sent received delivered handled
+changes change changing rotates rotating expires must should will would can could may might has have had does do
+did being been be optional printed strict same different safe secure insecure compromised leaked exposed
+what which who where when why how whatever
+true false yes null none nil string str int integer bool boolean number bytes float list dict object array
+le la les un une des du de dans sur est pas jamais toujours incorrect obligatoire requis expiré expirée changé
+changée haché hachée accepté verrouillé bloqué correct faux bon mauvais nouveau ancien ici là
+el los las una unos del en con sin por para no nunca siempre incorrecta incorrecto obligatoria obligatorio
+caducada caducó cambiada correcta correcto bloqueada aceptada nueva nuevo aquí
+der die das den dem des ein eine einen im in am an auf mit ohne für von zu nicht nie immer falsch richtig
+erforderlich abgelaufen geändert gesperrt gehasht akzeptiert neu alt hier
+""".split())
+# After a value, the clause ends: punctuation, a conjunction, a bracket, or the end.
+_CLAUSE_END = re.compile(
+    r"\s*(?:$|[,;.!?)](?:\s|$)|\s(?:and|but|et|mais|y|pero|und|aber|for|pour|para|für|press|appuyez|-|–|—|"
+    r"geändert|gesetzt)(?!\w)|\s\(|\s*[,;]\s)", re.IGNORECASE)
+_QUOTED = re.compile(r"""^[\"'`‘“«„]\s*([^\"'`’”»“]{1,200}?)\s*[\"'`’”»“]""")
+_TOKEN = re.compile(r"^([^\s,;]{3,200}?)(?=[.,;!?)]*(?:\s|$))")
+_PAIR = re.compile(r"^([\w.+@\\-]{1,64})\s*/\s*([^\s/,;]{3,128})")
+_LOGIN_ADJACENT = re.compile(
+    r"(?i)\b(?:login|creds|credentials)\s+(?P<user>[\w.+@\\-]{2,64})\s*/\s*(?P<val>[^\s/,;]{3,128})")
+# "jane@x.com / Netflix2023!": an address, a spaced slash, a value (never a URL's path: "git@host/repo").
+_EMAIL_PAIR = re.compile(r"(?<![\w:/.@-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+(?:\s+/\s*|\s*/\s+)(?P<val>[^\s,;]{3,128})")
+_LOGIN_WITH = re.compile(
+    r"(?i)\b(?:log\s*(?:in|into|on)|login|sign\s+in|connexion|connecter|conectar|entra|anmelden|einloggen|"
+    r"router-login)\b[^.\n]{0,40}?\s(?:with\s+|avec\s+|con\s+|mit\s+)?"
+    r"(?P<user>[A-Za-z0-9._@-]{2,40})/(?P<val>[^\s/,;]{3,64})(?=[.,;!?)]*(?:\s|$))")
+_SSH_PASSWORD = re.compile(
+    r"(?i)\bssh\s+\S+@\S+\s+(?:password|mot\s+de\s+passe|contrase(?:ñ|n)a|passwort)\s+(?P<val>\S{3,64})")
+_UNIT = re.compile(r"(?i)^\d+\s*(?:%|characters?|chars?|digits?|letters?|days?|hours?|minutes?|seconds?|ms|"
+                   r"caract(?:è|e)res|chiffres|jours|d(?:í|i)gitos|d(?:í|i)as|zeichen|ziffern|tage)(?!\w)")
+# A seed phrase: a dozen or more short lower-case words (a pasted part may be elided with "...").
+_BIP39ISH = re.compile(r"^(?:[a-z]{3,8}(?:[\s,]+|\s*(?:\.{3}|…)\s*)){11,23}[a-z]{3,8}\b")
+_PHRASE_NOUNS = re.compile(r"(?i)pass-?phrase|passphrase|frase\s+de\s+paso")
+_PASSWORDISH = re.compile(r"^(?=.*[A-Za-z])(?=.*[\d!@#$%^&*+=?~]).{4,}$|^\d{3,12}$")
+_CODE_LIST = re.compile(r"^(?:[0-9a-z]{3,8}(?:-[0-9a-z]{3,8})+[\s,]*){2,}", re.IGNORECASE)
+_CREDENTIAL_WORDS = re.compile(r"(?i)^(?:user(?:name)?|pass(?:word)?|login|pw|pwd|email|e-mail)$")
+
+
+def _benign_token(value: str) -> bool:
+    """A state or explanation word, a placeholder, a reference or a credential word itself."""
+    from engram_memory.store.secrets import _VOCAB, _benign_value  # the shared placeholder/reference filter
+
+    v = value.strip().strip(".,;:!?")
+    if not v:
+        return True
+    low = v.lower()
+    parts = low.split("-")
+    if len(parts) > 1 and all(part in STATES or part in _VOCAB for part in parts):
+        return True  # "case-sensitive", "write-only": a description
+    if low in STATES or _benign_value(v) or set(v) <= set("*x•·.-_#") or _CREDENTIAL_WORDS.match(v):
+        return True
+    if low.isalpha() and low == v and len(low) > 4 and low.endswith("ed"):
+        return True  # "was replaced", "is hashed": a state, said with a participle
+    if all(_CREDENTIAL_WORDS.match(part) for part in re.split(r"[/:]", v) if part):
+        return True  # "user/pass", "username:password": the names of the fields, not their values
+    return False
+
+
+def _value_after(noun: str, rest: str) -> bool:
+    """Does the text after the connector hold one concrete value (or a seed phrase / code list)?"""
+    rest = rest.lstrip(" \t:")
+    low_noun = noun.lower()
+    if re.fullmatch(_SEEDS, low_noun, re.IGNORECASE):
+        if _BIP39ISH.match(rest.lower()):
+            return True
+        token = _TOKEN.match(rest)  # an OTP seed: one long base32 or hex string
+        return bool(token and len(token.group(1)) >= 12 and _PASSWORDISH.match(token.group(1))
+                    and not _benign_token(token.group(1)))
+    if low_noun.endswith(("codes", "códigos")) and _CODE_LIST.match(rest):
+        return True
+    if _UNIT.match(rest):
+        return False  # "at least 12 characters", "4 digits", "98%"
+    quoted = _QUOTED.match(rest)
+    if quoted:
+        value = quoted.group(1)
+        return not _benign_token(value) and not value.startswith("<")
+    pair = _PAIR.match(rest)
+    if pair and not _benign_token(pair.group(2)) and not _CREDENTIAL_WORDS.match(pair.group(1)):
+        return True  # "bob.smith / qwerty123", "CORP\\svc_backup / Backup!2024"
+    token = _TOKEN.match(rest)
+    if token is None:
+        return False
+    value = token.group(1)
+    if _benign_token(value):
+        return False
+    after = rest[token.end():]
+    if _CLAUSE_END.match(after):
+        return True
+    # A passphrase is several words: "tiny purple dragon", up to the end of the clause.
+    words = re.match(r"^((?:[^\s,;.!?]+\s+){1,7}[^\s,;.!?]+)(?=[.,;!?]*(?:\s*$|[,;]))", rest)
+    first = words.group(1).split()[0].lower() if words else ""
+    return bool(_PHRASE_NOUNS.search(noun) and words and first not in STATES)
+
+
+# Token nouns bind only token-shaped values (letters and digits, 8 or more): "the webhook secret is
+# whsec_9f8e7d6c5b4a", not "the secret is out" nor "the token is a JWT".
+_TOKEN_NOUN = re.compile(r"(?<![\w-])(?P<noun>(?:[\w]+[ -])?(?:secret|token|jeton|geheimnis))" + _QUALIFIER + r"\s*" +
+                         _CONNECTOR + r"\s*(?=(?P<rest>.{1,400}))", re.IGNORECASE | re.DOTALL)
+_TOKEN_SHAPE = re.compile(r"^(?=.*[A-Za-z])(?=.*\d)[\w.+/=~-]{8,}$")
+
+
+def find_statement(line: str) -> str | None:
+    """``"prose_credential"`` when the line states a credential's value, else None."""
+    for match in _STATEMENT.finditer(line):
+        noun = match.group("noun")
+        if noun.startswith("pin") and not re.match(r"\s*[\"'`]?\d{3,12}\b", match.group("rest").lstrip(" \t:")):
+            continue  # a lower-case "pin" is a PIN only with digits ("the pin on the header is GPIO17" is not)
+        if noun.lower() == "pass" and match.group("conn").strip() in (":", "=", "-"):
+            token = _TOKEN.match(match.group("rest").lstrip(" \t:"))
+            if not (token and _PASSWORDISH.match(token.group(1))):
+                continue  # "first pass: tokenize" is a step; "pass: dragon2020" and "the pass is letmein" are not
+        if _value_after(noun, match.group("rest")):
+            return "prose_credential"
+    for match in _TOKEN_NOUN.finditer(line):
+        token = _TOKEN.match(match.group("rest").lstrip(" \t:"))
+        if token and _TOKEN_SHAPE.match(token.group(1)) and not _benign_token(token.group(1)):
+            return "prose_credential"
+    for match in _BARE_CODE.finditer(line):
+        before = line[max(0, match.start() - 30):match.start()]
+        if (_OPENS.search(match.group("qual")) or _OPENS.search(before)) and _value_after("code", match.group("rest")):
+            return "prose_credential"
+    for match in _ADJACENT.finditer(line):
+        noun, value = match.group("noun"), match.group("val")
+        opens = _OPENS.search(line[max(0, match.start() - 30):match.start()])
+        if noun.lower().startswith(("code", "códig")) and not opens:
+            continue
+        after = line[match.end():]
+        if _PASSWORDISH.match(value) and "=" not in value and not _benign_token(value) and \
+                not _UNIT.match(value + " ") and _CLAUSE_END.match(after):
+            return "prose_credential"  # "pass chunksize=100_000 to iterate" is a verb, not a password
+    for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _LOGIN_ADJACENT, _REVERSED):
+        for match in pattern.finditer(line):
+            value = match.group("val").strip("\"'`‘’“”«»")
+            user = match.groupdict().get("user")
+            if not _benign_token(value) and (user is None or not _CREDENTIAL_WORDS.match(user)):
+                return "prose_credential"
+    return None
