@@ -172,14 +172,14 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
         other_ids = [await admit(mcp, text) for text in OTHERS]
         assert len(set(other_ids + [target_id])) == 6
 
-        # The lexical channel alone cannot find it: no shared word. (The model import takes
-        # ~10 s, so this runs before the semantic channel is up.)
+        # The lexical channel alone cannot find it: no shared word. The model loads in the
+        # background (about a second on ONNX Runtime once exported), so this search may already be
+        # hybrid; the receipt below shows the lexical channel had no hit either way.
         lexical = await mcp.call("search", search_args(PARAPHRASE))
-        assert lexical["output"]["value"]["rank_receipt"]["profile"] == "lexical_v1"
-        assert ids_of(lexical) == [], lexical
+        if lexical["output"]["value"]["rank_receipt"]["profile"] == "lexical_v1":
+            assert ids_of(lexical) == [], lexical
 
-        hybrid, refusals = await hybrid_when_ready(mcp, PARAPHRASE)
-        assert refusals >= 1, "a hybrid search answered before the model could have loaded"
+        hybrid, _refusals = await hybrid_when_ready(mcp, PARAPHRASE)
         found = ids_of(hybrid)
         assert target_id in found[:3], (target_id, found)
         value = hybrid["output"]["value"]
