@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,3 +207,45 @@ def get_args(record_id: str) -> dict[str, Any]:
 def key(label: str) -> str:
     """A unique idempotency key (>= 16 bytes) per logical operation."""
     return f"{label}-{time.monotonic_ns():020d}"
+
+
+# --- PostgreSQL (issue 22): a real server, never a mock --------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """The admin URL of a real PostgreSQL: ENGRAM_TEST_PG_URL (.ci/run sets it), else a throwaway
+    cluster `.ci/pg start` runs for this session. No skip: a PostgreSQL that cannot start is an error."""
+    url = os.environ.get("ENGRAM_TEST_PG_URL")
+    if url:
+        yield url
+        return
+    started = subprocess.run(["bash", str(REPO / ".ci" / "pg"), "start"], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.fail(f"PostgreSQL did not start (.ci/pg start): {started.stderr.strip()}", pytrace=False)
+    env = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.split("\n") if line)
+    try:
+        yield env["ENGRAM_TEST_PG_URL"]
+    finally:
+        subprocess.run(["bash", str(REPO / ".ci" / "pg"), "stop", env["ENGRAM_TEST_PG_DIR"]], check=False)
+
+
+@pytest.fixture
+def pg_database(pg_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test (CREATE DATABASE over the admin URL; dropped afterwards)."""
+    import secrets
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = "test_" + secrets.token_hex(6)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}".encode())
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at ENGRAM_TEST_PG_URL is unreachable: {exc}", pytrace=False)
+    try:
+        yield urlsplit(pg_url)._replace(path="/" + name).geturl()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
