@@ -45,7 +45,7 @@ def test_the_sample_run_is_deterministic_and_scores_well() -> None:
     col = load_collection(SAMPLE)
     first, again = baseline.run_collection(col), baseline.run_collection(col)
     assert first == again and set(first) == set(col.queries)
-    assert metrics.score(first, col.qrels)["ndcg@10"] > 0.9
+    assert metrics.score(first, col.qrels)["ndcg@10"] > 0.85  # 0.8805 (eval/sample/README.md)
 
 
 # The README's bm25s figures (../shared/data/README.md), to 3 decimals, and ours to 4 (ties on

@@ -256,7 +256,7 @@ def test_judgments_on_some_missing_documents_are_a_warning(tmp_path: Path) -> No
 
 def test_the_sample_is_a_clean_beir_collection() -> None:
     col = load_collection(SAMPLE)
-    assert (len(col.docs), len(col.queries), col.warnings) == (90, 28, [])
+    assert (len(col.docs), len(col.queries), col.warnings) == (120, 70, [])
     assert all(max(judged.values()) == 2 for judged in col.qrels.values())
     assert {d.doc_id.split("-")[0] for d in col.docs} == {"db", "k8s", "sec", "git", "py", "net"}
 
