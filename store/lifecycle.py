@@ -33,7 +33,7 @@ from engram_memory.models.states import (
 )
 from engram_memory.store import ledger
 from engram_memory.store.authz import authorization_receipt
-from engram_memory.store.backend import NewCandidate, NewRecord, Store
+from engram_memory.store.backend import NewCandidate, NewRecord, Store, UnitOfWork
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
 from engram_memory.store.policy import DefaultAdmissionPolicy
 from engram_memory.store.timeutil import from_instant, to_instant
@@ -134,27 +134,27 @@ class Lifecycle:
     def capture(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
         key = args["idempotency_key"]
         intent = ledger.intent_hash("capture", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "status": "duplicate_exact"}
+        with self.db.transaction() as uow:  # the ledger read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "status": "duplicate_exact"}
 
-        payload = self._effective_payload(ctx, args["payload"], now)
-        evidence = args["evidence"]
-        cid = derive_candidate_id(ctx.source_ref, "0", key)
-        recorded_at = to_instant(now)
-        pd = payload_digest(payload)
-        auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
-        trust = {
-            "class": "asserted",
-            "evidence_digest": evidence["evidence_digest"],
-            "verifier_id": ASSERTED_VERIFIER,
-            "verifier_version": "1",
-            "issued_at": recorded_at,
-            "revocation_epoch": "0",
-        }
-        trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
-        key_ref, dek = self.keys.create()
-        with self.db.transaction() as uow:
+            payload = self._effective_payload(ctx, args["payload"], now)
+            evidence = args["evidence"]
+            cid = derive_candidate_id(ctx.source_ref, "0", key)
+            recorded_at = to_instant(now)
+            pd = payload_digest(payload)
+            auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
+            trust = {
+                "class": "asserted",
+                "evidence_digest": evidence["evidence_digest"],
+                "verifier_id": ASSERTED_VERIFIER,
+                "verifier_version": "1",
+                "issued_at": recorded_at,
+                "revocation_epoch": "0",
+            }
+            trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
+            key_ref, dek = self.keys.create()
             cursor = uow.high_water(ctx.scope_ref) + 1
             record = self._build_record(payload, pd, recorded_at, cursor, auth, trust)
             envelope = canonical_bytes(
@@ -207,9 +207,10 @@ class Lifecycle:
         rd = record_digest(record)
         return {**record, "record_digest": rd, "record_id": record_id_from_digest(rd)}
 
-    def _candidate(self, ctx: HostContext, cid: str) -> tuple[Any, ...] | None:
+    @staticmethod
+    def _candidate(src: Store | UnitOfWork, ctx: HostContext, cid: str) -> tuple[Any, ...] | None:
         # One query shape for unknown and foreign ids: both simply find no row.
-        c = self.db.candidate(cid, ctx.scope_ref)
+        c = src.candidate(cid, ctx.scope_ref)
         if c is None:
             return None
         return (c.state, c.created_cursor, c.recorded_at, c.key_ref, c.envelope, c.outcome, c.payload_digest)
@@ -223,7 +224,7 @@ class Lifecycle:
         replay = ledger.lookup(self.db, ctx, key, intent)
         if replay is not None:
             return {**replay, "replayed": True}, None
-        row = self._candidate(ctx, cid)
+        row = self._candidate(self.db, ctx, cid)
         if row is None:
             raise EngramError("NOT_FOUND")
         state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
@@ -411,17 +412,17 @@ class Lifecycle:
     def withdraw(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
         key, cid = args["idempotency_key"], args["candidate_id"]
         intent = ledger.intent_hash("withdraw", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}
-        row = self._candidate(ctx, cid)
-        if row is None:
-            raise EngramError("NOT_FOUND")
-        state, key_ref = row[0], row[3]
-        to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
-        at = to_instant(now)
-        auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
-        with self.db.transaction() as uow:
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}
+            row = self._candidate(uow, ctx, cid)
+            if row is None:
+                raise EngramError("NOT_FOUND")
+            state, key_ref = row[0], row[3]
+            to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
+            at = to_instant(now)
+            auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
             event = uow.append_event(
                 ctx.scope_ref,
                 {
@@ -467,17 +468,17 @@ class Lifecycle:
         (None for a replay)."""
         key, rid = args["idempotency_key"], args["record_id"]
         intent = ledger.intent_hash("forget", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}, None
-        status = self.db.record_state(ctx.scope_ref, rid)
-        if status is None:
-            raise EngramError("NOT_FOUND")
-        state, key_ref, pd = status.state, status.key_ref, status.payload_digest
-        to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
-        at = to_instant(now)
-        auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
-        with self.db.transaction() as uow:
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}, None
+            status = uow.record_state(ctx.scope_ref, rid)
+            if status is None:
+                raise EngramError("NOT_FOUND")
+            state, key_ref, pd = status.state, status.key_ref, status.payload_digest
+            to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
+            at = to_instant(now)
+            auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
             event = uow.append_event(
                 ctx.scope_ref,
                 {

@@ -427,6 +427,12 @@ class DuckDBUnitOfWork:
     def ledger_lookup(self, scope_ref: str, principal: str, key_digest: str) -> LedgerEntry | None:
         return _ledger_lookup(self._con, scope_ref, principal, key_digest)
 
+    def candidate(self, candidate_id: str, scope_ref: str | None) -> Candidate | None:
+        return self._db.candidate(candidate_id, scope_ref)  # the same connection: this transaction
+
+    def record_state(self, scope_ref: str, record_id: str) -> RecordStatus | None:
+        return self._db.record_state(scope_ref, record_id)
+
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
                      value: str, created_at: str) -> None:
         self._con.execute(
