@@ -221,67 +221,66 @@ class Lifecycle:
                           ) -> tuple[dict[str, Any], AdmittedRecord | None]:
         key, cid = args["idempotency_key"], args["candidate_id"]
         intent = ledger.intent_hash("request_admission", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}, None
-        row = self._candidate(self.db, ctx, cid)
-        if row is None:
-            raise EngramError("NOT_FOUND")
-        state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
-        if admission_step(state) == "duplicate_exact":  # a withdrawn candidate is NOT_FOUND
-            # Decided earlier under another key: the same decision, marked as a duplicate.
-            return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
-        dek = self.keys.load(key_ref) if key_ref else None
-        if dek is None or sealed is None:
-            raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
-        env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
-        payload, evidence = env["payload"], env["evidence"]
-        # pd was computed from this very payload at capture; the envelope is authenticated (GCM).
-        record = self._build_record(
-            payload, pd, env["recorded_at"], int(created_cursor),
-            env["authorization_receipt_digest"], env["trust"],
-        )
-        decision = self.admission_policy.decide(payload, evidence)
-        if decision == "accept" and self._tombstoned(ctx.scope_ref, record["payload_digest"]):
-            decision = "adjudication_required"  # forgotten content is never silently re-admitted
-        issued_at = to_instant(now)
-        envelope = {
-            "policy_id": self.admission_policy.policy_id,
-            "policy_version": self.admission_policy.policy_version,
-            "record_digest": record["record_digest"],
-            "decision": decision,
-            "issued_at": issued_at,
-        }
-        envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
-        decision_digest = envelope["receipt_digest"]
-        if decision == "adjudication_required":
-            pending_cursor = str(created_cursor)
-            pending_value = {
-                "outcome": {
-                    "status": "pending_adjudication",
-                    "candidate_id": cid,
-                    "cursor": pending_cursor,
-                    "decision_receipt_digest": decision_digest,
-                    "transaction_receipt_digest": receipt_digest(
-                        "admission-pending",
-                        {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
-                    ),
-                },
-                "replayed": False,
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}, None
+            row = self._candidate(uow, ctx, cid)
+            if row is None:
+                raise EngramError("NOT_FOUND")
+            state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
+            if admission_step(state) == "duplicate_exact":  # a withdrawn candidate is NOT_FOUND
+                # Decided earlier under another key: the same decision, marked as a duplicate.
+                return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
+            dek = self.keys.load(key_ref) if key_ref else None
+            if dek is None or sealed is None:
+                raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
+            env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
+            payload, evidence = env["payload"], env["evidence"]
+            # pd was computed from this very payload at capture; the envelope is authenticated (GCM).
+            record = self._build_record(
+                payload, pd, env["recorded_at"], int(created_cursor),
+                env["authorization_receipt_digest"], env["trust"],
+            )
+            decision = self.admission_policy.decide(payload, evidence)
+            if decision == "accept" and uow.tombstoned(ctx.scope_ref, record["payload_digest"]):
+                decision = "adjudication_required"  # forgotten content is never silently re-admitted
+            issued_at = to_instant(now)
+            envelope = {
+                "policy_id": self.admission_policy.policy_id,
+                "policy_version": self.admission_policy.policy_version,
+                "record_digest": record["record_digest"],
+                "decision": decision,
+                "issued_at": issued_at,
             }
-            # No state changes, but the answer is bound to the key like any other: a same-key
-            # retry replays this decision receipt instead of issuing a new one.
-            with self.db.transaction() as uow:
+            envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
+            decision_digest = envelope["receipt_digest"]
+            if decision == "adjudication_required":
+                pending_cursor = str(created_cursor)
+                pending_value = {
+                    "outcome": {
+                        "status": "pending_adjudication",
+                        "candidate_id": cid,
+                        "cursor": pending_cursor,
+                        "decision_receipt_digest": decision_digest,
+                        "transaction_receipt_digest": receipt_digest(
+                            "admission-pending",
+                            {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
+                        ),
+                    },
+                    "replayed": False,
+                }
+                # No state changes, but the answer is bound to the key like any other: a same-key
+                # retry replays this decision receipt instead of issuing a new one.
                 ledger.store(uow, ctx, key, "request_admission", intent, pending_value, issued_at)
-            return pending_value, None
+                return pending_value, None
 
-        auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
-        accepted = decision == "accept"
-        operation = Operation.ACCEPT if accepted else Operation.REJECT
-        to_state = next_state(operation, CandidateState.PENDING).value
-        admitted: AdmittedRecord | None = None
-        record_key = self.keys.create() if accepted else None
-        with self.db.transaction() as uow:
+            auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
+            accepted = decision == "accept"
+            operation = Operation.ACCEPT if accepted else Operation.REJECT
+            to_state = next_state(operation, CandidateState.PENDING).value
+            admitted: AdmittedRecord | None = None
+            record_key = self.keys.create() if accepted else None
             event_body: dict[str, Any] = {
                 "event_id": "admission:" + cid,
                 "recorded_at": record["recorded_at"],

@@ -433,6 +433,9 @@ class DuckDBUnitOfWork:
     def record_state(self, scope_ref: str, record_id: str) -> RecordStatus | None:
         return self._db.record_state(scope_ref, record_id)
 
+    def tombstoned(self, scope_ref: str, payload_digest: str) -> bool:
+        return self._db.tombstoned(scope_ref, payload_digest)
+
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
                      value: str, created_at: str) -> None:
         self._con.execute(
