@@ -6,12 +6,14 @@ the ``Store`` / ``UnitOfWork`` protocols, so a second backend is a second folder
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BACKEND = REPO / "store" / "duckdb"
+SQL = re.compile(r"\b(SELECT .* FROM|INSERT INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|ALTER TABLE)\b")
 
 
 def _sources(folder: str) -> list[Path]:
@@ -29,6 +31,8 @@ def _offences(path: Path) -> list[str]:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr in {"execute", "executemany", "sql"}):
             found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.func.attr}(")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: SQL text")
     return found
 
 
