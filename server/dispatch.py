@@ -39,16 +39,11 @@ from engram_memory.server.binding import Binding, LaunchBinder, SignedBinder
 from engram_memory.server.gate import Approval, GateFailed
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.tools import MUTATING
+from engram_memory.store.backend import is_store_error
 from engram_memory.store.engine import AuditEvent, Engine
 
 log = logging.getLogger("engram_memory.server")
 
-try:  # DuckDB's own errors mean the store, not the request, failed.
-    import duckdb
-
-    _STORE_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, OSError)
-except ImportError:  # pragma: no cover - duckdb is a hard dependency
-    _STORE_ERRORS = (OSError,)
 
 # Where each tool's purpose_ref sits in the raw arguments (TOOL_CONTRACT §0, REFERENCE §5.4).
 _PURPOSE_PATH: dict[str, tuple[str, ...]] = {
@@ -104,7 +99,7 @@ def classify_unexpected(exc: BaseException, tool: str, engine_started: bool) -> 
     """The catalog code for an exception nobody mapped (never a stack trace to the caller)."""
     if engine_started and tool in MUTATING:
         return "MUTATION_OUTCOME_UNKNOWN"  # it may have committed: the caller retries with the same key
-    if isinstance(exc, _STORE_ERRORS):
+    if is_store_error(exc) or isinstance(exc, OSError):  # the store, not the request, failed
         return "STORE_UNAVAILABLE"
     return "CAPABILITY_UNAVAILABLE"
 

@@ -13,21 +13,16 @@ import logging
 import threading
 from typing import Any
 
-from engram_memory.store.db import Database
+from engram_memory.store.backend import Store
 
 log = logging.getLogger("engram.audit")
 
 FLUSH_S = 0.05
 MAX_BATCH = 1024
-INSERT = (
-    "INSERT INTO audit (audit_id, called_at, scope_ref, principal, agent_id, session, tool, ok, code, idk,"
-    " context_jti) VALUES "
-)
-ROW = "(" + ", ".join("?" * 11) + ")"
 
 
 class AuditWriter:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Store) -> None:
         self._db = db
         self._rows: list[list[Any]] = []
         self._cond = threading.Condition()
@@ -70,9 +65,7 @@ class AuditWriter:
     def _write(self, rows: list[list[Any]]) -> None:
         if not rows:
             return
-        con = self._db.reader()
         try:
-            # One multi-row INSERT: DuckDB's executemany pays its per-statement cost per row.
-            con.execute(INSERT + ", ".join([ROW] * len(rows)), [value for row in rows for value in row])
+            self._db.append_audit(rows)
         except Exception:
             log.exception("%d audit rows could not be written", len(rows))

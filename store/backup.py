@@ -43,19 +43,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.retrieval._files import sha256_file
+from engram_memory.store.backend import StoreBusyError, StoreError
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
-from engram_memory.store.db import held_if_present
+from engram_memory.store.db import held_if_present, inspect_stopped
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 
 FORMAT = "engram-memory-backup/1"
-STORE_FILE = "engram.duckdb"
+STORE_FILE = "engram.duckdb"  # the DuckDB backend's file (store/duckdb/backend.py)
 MANIFEST, MANIFEST_MAC = "manifest.json", "manifest.mac"
 SERVER_KEY_MEMBER = "server.key.sealed"
 SERVER_KEY_AAD = b"engram-backup:server.key"
@@ -132,16 +132,6 @@ def _mac(backup_key: bytes, manifest_bytes: bytes) -> str:
 # -- store identity ----------------------------------------------------------------------------
 
 
-def ensure_store_id(con: duckdb.DuckDBPyConnection) -> str:
-    """This store's identity (meta.store_id), created at its first backup."""
-    row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
-    if row:
-        return str(row[0])
-    sid = "store_" + secrets.token_hex(16)
-    con.execute("INSERT INTO meta VALUES ('store_id', ?)", [sid])
-    return sid
-
-
 # -- backup ------------------------------------------------------------------------------------
 
 
@@ -156,16 +146,9 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
     try:
         with engine._rw.write():  # the engine's own write lock (store/rwlock.py): nothing changes meanwhile
             db = engine.db
-            with db.transaction() as con:
-                sid = ensure_store_id(con)
-            heads = {scope: {"cursor": str(hw), "event_hash": h} for scope, hw, h in
-                     db.all("SELECT scope_ref, high_water, last_event_hash FROM scopes ORDER BY scope_ref")}
-            catalog = db.one("SELECT current_database()")[0]
-            db.con.execute(f"ATTACH '{staging / STORE_FILE}' AS engram_backup")
-            try:
-                db.con.execute(f'COPY FROM DATABASE "{catalog}" TO engram_backup')
-            finally:
-                db.con.execute("DETACH engram_backup")
+            sid = db.store_id()
+            heads = {scope: {"cursor": str(hw), "event_hash": h} for scope, (hw, h) in db.heads().items()}
+            db.copy_to(staging / STORE_FILE)
             for scope in heads:  # the vector files may lag their index (Projections.add_vectors)
                 engine.projections.vectors(scope).save()
             shutil.copytree(engine.projections.root, staging / "projections",
@@ -309,27 +292,17 @@ def _check_target(data_dir: Path, manifest: dict[str, Any]) -> bool:
     if STORE_FILE not in present:
         raise _refuse(f"{data_dir} is not empty and holds no engram-memory store; restore into an empty directory")
     try:
-        con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
-    except duckdb.IOException as exc:
-        if "could not set lock" in str(exc).lower():
-            raise _refuse(f"data dir {data_dir} is in use by another process") from None
+        stopped = inspect_stopped(data_dir)
+    except StoreBusyError:
+        raise _refuse(f"data dir {data_dir} is in use by another process") from None
+    except StoreError:
         raise _refuse(f"{data_dir} holds an unreadable store; move it aside to restore there") from None
-    try:
-        row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
-        if row is None or row[0] != manifest["store_id"]:
-            raise _refuse(f"{data_dir} holds another store ({row[0] if row else 'never backed up'});"
-                          f" the backup is of {manifest['store_id']}")
-        heads = manifest["heads"]
-        forgotten = 0
-        for scope, cursor in con.execute(
-            "SELECT scope_ref, cursor FROM journal WHERE operation = 'tombstone'"
-        ).fetchall():
-            if scope not in heads or int(cursor) > int(heads[scope]["cursor"]):
-                forgotten += 1
-    except duckdb.Error:
-        raise _refuse(f"{data_dir} holds an unreadable store; move it aside to restore there") from None
-    finally:
-        con.close()
+    if stopped.store_id is None or stopped.store_id != manifest["store_id"]:
+        raise _refuse(f"{data_dir} holds another store ({stopped.store_id or 'never backed up'});"
+                      f" the backup is of {manifest['store_id']}")
+    heads = manifest["heads"]
+    forgotten = sum(1 for scope, cursor in stopped.tombstones
+                    if scope not in heads or cursor > int(heads[scope]["cursor"]))
     if forgotten:
         raise _refuse(f"the store at {data_dir} forgot {forgotten} record(s) after this backup was taken;"
                       " restoring it would bring them back")

@@ -47,8 +47,9 @@ from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store.audit import AuditWriter
+from engram_memory.store.backend import Store, StoreBusyError
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
-from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.db import Database
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.reads import ReadPath, SearchPlan
@@ -76,7 +77,7 @@ def embedding_text(record: dict[str, Any]) -> str:
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, db: Database, *, clock: Clock | None = None,
+    def __init__(self, settings: EngineSettings, db: Store, *, clock: Clock | None = None,
                  lexical: LexicalConfig = REFERENCE_PROFILE) -> None:
         config = self.config = settings
         self.db = db
@@ -147,13 +148,7 @@ class Engine:
     def recover(self) -> None:
         """Converge after a crash: sweep keys no row references, bring projections up to date."""
         with self._rw.write():
-            referenced = {
-                r[0]
-                for r in self.db.all(
-                    "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
-                    " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
-                )
-            }
+            referenced = self.db.referenced_keys()
             swept = self.keys.sweep_orphans(referenced)
             if swept:
                 log.info("destroyed %d orphan data keys", swept)
@@ -162,7 +157,7 @@ class Engine:
                 ref for ref in ("local:key-" + p.name for p in self.keys.dir.iterdir()) if ref not in referenced)
             # Projections that lag the journal are rebuilt lazily, on the scope's next use, so a
             # server answers initialize at once even after a crash.
-            for scope_ref, projection_cursor in self.db.all("SELECT scope_ref, projection_cursor FROM scopes"):
+            for scope_ref, projection_cursor in self.db.projection_cursors().items():
                 if self.projections.lexical(scope_ref).cursor != str(projection_cursor):
                     self._stale.add(scope_ref)
             # A forget that answered "pending" (a purge that failed, or a crash before it ran)
@@ -177,26 +172,20 @@ class Engine:
     # -- what maintenance and evaluation read (public, no SQL outside store/) -------------
 
     def scopes(self) -> list[str]:
-        return [r[0] for r in self.db.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")]
+        return self.db.scopes()
 
     def projection_cursor(self, scope_ref: str) -> int:
         """The journal cursor the scope's projections must reflect (0 for an unknown scope)."""
         return self.db.projection_cursor(scope_ref)
 
     def candidate_count(self, scope_ref: str) -> int:
-        row = self.db.one("SELECT count(*) FROM candidates WHERE scope_ref = ?", [scope_ref])
-        return int(row[0]) if row else 0
+        return self.db.candidate_count(scope_ref)
 
     def live_records(self, scope_ref: str) -> list[dict[str, Any]]:
         """Every current record of a scope, decrypted, in record_id order."""
-        rows = self.db.all(
-            f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = '{CURRENT}'"
-            " ORDER BY record_id",
-            [scope_ref],
-        )
         out = []
-        for rid, key_ref, body in rows:
-            record = self.lifecycle.load_record(rid, key_ref, body)
+        for row in self.db.current_records(scope_ref, CURRENT.value):
+            record = self.lifecycle.load_record(row.record_id, row.key_ref, row.body)
             if record is not None:
                 out.append(record)
         return out
@@ -205,11 +194,7 @@ class Engine:
         """The current records' stored embeddings for the loaded model (None: no semantic channel)."""
         if self.embedder is None:
             return None
-        rows = self.db.all(
-            "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
-            f" WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = '{CURRENT}' ORDER BY e.record_id",
-            [scope_ref, self.embedder.model_digest],
-        )
+        rows = self.db.stored_embeddings(scope_ref, CURRENT.value, self.embedder.model_digest)
         ids, vecs = [], []
         for rid, key_ref, blob in rows:
             dek = self.keys.load(key_ref)
@@ -221,11 +206,7 @@ class Engine:
 
     def embedding_count(self, record_id: str | None = None) -> int:
         """Stored embeddings (of one record, or of the whole store)."""
-        if record_id is None:
-            row = self.db.one("SELECT count(*) FROM embeddings")
-        else:
-            row = self.db.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [record_id])
-        return int(row[0]) if row else 0
+        return self.db.embedding_count(record_id)
 
     def rebuild_scope(self, scope_ref: str) -> None:
         with self._rw.write():
@@ -251,29 +232,19 @@ class Engine:
         if vectors is None:
             vectors = self.embedder.encode([embedding_text(r) for r in records])
         by_id = {r["record_id"]: i for i, r in enumerate(records)}
-        kept_ids, kept_rows, values = [], [], []
-        with self.db.transaction() as con:
-            # Two statements per chunk, not two per record: DuckDB costs ~1 ms a statement.
-            live = con.execute(
-                "SELECT record_id, key_ref FROM records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))"
-                f" AND state = '{CURRENT}' AND key_ref IS NOT NULL ORDER BY record_id",
-                [list(by_id)],
-            ).fetchall()
-            for rid, key_ref in live:
+        kept_ids, kept_rows = [], []
+        rows: list[tuple[str, str | None, str, bytes]] = []
+        with self.db.transaction() as uow:
+            for rid, key_ref in uow.live_keys(list(by_id), CURRENT.value):
                 dek = self.keys.load(key_ref)
                 if dek is None:
                     continue
                 vec = vectors[by_id[rid]]
-                values += [rid, self.embedder.model_digest, scope_ref,
-                           seal(dek, np.asarray(vec, np.float32).tobytes(), record_context(rid))]
+                rows.append((rid, self.embedder.model_digest, scope_ref,
+                             seal(dek, np.asarray(vec, np.float32).tobytes(), record_context(rid))))
                 kept_ids.append(rid)
                 kept_rows.append(vec)
-            if kept_ids:
-                con.execute(
-                    "INSERT INTO embeddings VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(kept_ids))
-                    + " ON CONFLICT DO NOTHING",
-                    values,
-                )
+            uow.insert_embeddings(rows)
         if kept_ids:
             self.projections.add_vectors(scope_ref, kept_ids, np.vstack(kept_rows), cursor)
 
@@ -282,13 +253,9 @@ class Engine:
     def _missing_embeddings(self, limit: int) -> tuple[str, list[dict[str, Any]]] | None:
         assert self.embedder is not None
         for scope_ref in self.scopes():
-            missing = self.db.all(
-                f"SELECT record_id, key_ref, body FROM records r WHERE scope_ref = ? AND state = '{CURRENT}'"
-                " AND NOT EXISTS (SELECT 1 FROM embeddings e WHERE e.record_id = r.record_id"
-                " AND e.model_digest = ?) ORDER BY record_id LIMIT ?",
-                [scope_ref, self.embedder.model_digest, limit],
-            )
-            records = [r for r in (self.lifecycle.load_record(*m) for m in missing) if r is not None]
+            missing = self.db.missing_embeddings(scope_ref, CURRENT.value, self.embedder.model_digest, limit)
+            records = [r for r in (self.lifecycle.load_record(m.record_id, m.key_ref, m.body) for m in missing)
+                       if r is not None]
             if records:
                 return scope_ref, records
         return None
@@ -338,12 +305,7 @@ class Engine:
         they may lack the last admissions: those are re-added. A projection holding a vector
         DuckDB no longer has (a purge that did not finish) is rebuilt, which purges it."""
         assert self.embedder is not None
-        row = self.db.one(
-            "SELECT count(*) FROM embeddings e JOIN records r USING (record_id)"
-            f" WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = '{CURRENT}'",
-            [scope_ref, self.embedder.model_digest],
-        )
-        stored_count = int(row[0]) if row else 0
+        stored_count = self.db.stored_embedding_count(scope_ref, CURRENT.value, self.embedder.model_digest)
         index = self.projections.vectors(scope_ref)
         if index.count() == stored_count:
             return
@@ -372,11 +334,8 @@ class Engine:
     # -- scope views (eligibility without a query; store/live.py) -------------------------
 
     def _load_view(self, scope_ref: str) -> ScopeView:
-        rows = self.db.all(
-            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_type FROM records"
-            f" WHERE scope_ref = ? AND state = '{CURRENT}'",
-            [scope_ref],
-        )
+        rows = [(w.record_id, w.valid_t, w.valid_t_end, w.expires_at_ms, w.event_at, w.event_type)
+                for w in self.db.live_windows(scope_ref, CURRENT.value)]
         events = {rid: (_opt_int(at), kind) for rid, _t, _t_end, _exp, at, kind in rows}
         legacy = [rid for rid, (at, kind) in events.items() if at is None or kind is None]
         for start in range(0, len(legacy), 1000):  # admitted before migrations 3 and 4: from the bodies
@@ -400,16 +359,9 @@ class Engine:
         found = self._views.cached(record_ids)
         missing = [rid for rid in record_ids if rid not in found]
         if missing:
-            # Primary-key lookups only, scope and body checked here: at 10k records 2.3 ms,
-            # against 6.2 ms with the scope filter in SQL and 6.3 ms for an unnest(array) list
-            # (both scan). A page holds at most the tool's limit of ids.
-            rows = self.db.reader().execute(
-                "SELECT record_id, scope_ref, key_ref, body FROM records"
-                f" WHERE record_id IN ({', '.join('?' * len(missing))})",
-                missing,
-            ).fetchall()
-            loaded = {rid: self.lifecycle.load_record(rid, key_ref, body)
-                      for rid, scope, key_ref, body in rows if scope == scope_ref and body is not None}
+            # Primary-key lookups only (store/duckdb/backend.py says why), scope and body checked here.
+            loaded = {r.record_id: self.lifecycle.load_record(r.record_id, r.key_ref, r.body)
+                      for r in self.db.load_records(missing) if r.scope_ref == scope_ref and r.body is not None}
             fresh = {rid: record for rid, record in loaded.items() if record is not None}
             self._views.remember(fresh)
             found.update(fresh)

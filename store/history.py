@@ -8,17 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import duckdb
+from engram_memory.store.duckdb import stopped
 
-STORE_FILE = "engram.duckdb"
 # The journal fields shown (never a whole event body: it is already content-free, but the
 # listing stays an explicit allow-list so a future field cannot leak through it).
 JOURNAL_FIELDS = ("cursor", "operation", "event_id", "recorded_at", "candidate_id", "record_id",
                   "from_state", "to_state", "previous_event_hash", "event_hash")
-
-
-def _connect(data_dir: Path) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
 
 
 def event_instant(event: dict[str, Any]) -> str:
@@ -32,15 +27,7 @@ def event_instant(event: dict[str, Any]) -> str:
 
 def journal(data_dir: Path, scope_ref: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The scope's journal, oldest first (the last ``limit`` events when given)."""
-    con = _connect(data_dir)
-    try:
-        rows = con.execute(
-            "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ? ORDER BY cursor DESC"
-            + (" LIMIT ?" if limit is not None else ""),
-            [scope_ref, limit] if limit is not None else [scope_ref],
-        ).fetchall()
-    finally:
-        con.close()
+    rows = stopped.journal_rows(data_dir, scope_ref, limit)
     out = []
     for cursor, body, event_hash in reversed(rows):
         event = json.loads(body)
@@ -59,17 +46,7 @@ def pending_candidates(data_dir: Path, scope_ref: str) -> list[dict[str, Any]]:
 
     ``held`` says the candidate's content was forgotten in this scope before, so its admission
     waits for an operator (``admin adjudicate``); that is read from digests, not content."""
-    con = _connect(data_dir)
-    try:
-        rows = con.execute(
-            "SELECT c.candidate_id, c.principal, c.state, c.created_cursor, c.recorded_at, c.payload_digest,"
-            " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
-            " AND t.payload_digest = c.payload_digest) FROM candidates c"
-            " WHERE c.scope_ref = ? AND c.state = 'pending' ORDER BY c.created_cursor",
-            [scope_ref],
-        ).fetchall()
-    finally:
-        con.close()
+    rows = stopped.pending_candidates(data_dir, scope_ref)
     return [{"candidate_id": cid, "principal": principal, "state": state, "created_cursor": int(cursor),
              "recorded_at": at, "payload_digest": pd, "record_digest": rd, "held_for_adjudication": bool(held)}
             for cid, principal, state, cursor, at, pd, rd, held in rows]

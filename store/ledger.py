@@ -6,13 +6,11 @@ import hashlib
 import json
 from typing import Any
 
-import duckdb
-
 from engram_memory.models.canonical import canonical_text, nfc
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.errors import EngramError
-from engram_memory.store.db import Database
+from engram_memory.store.backend import LedgerEntry, Store, UnitOfWork
 
 
 def key_digest(idempotency_key: str) -> str:
@@ -24,21 +22,20 @@ def intent_hash(tool: str, arguments: dict[str, Any]) -> str:
     return receipt_digest("connector-intent", {"tool": tool, "arguments": arguments})
 
 
-def lookup(db: Database, ctx: HostContext, idempotency_key: str, intent: str) -> dict[str, Any] | None:
-    """The stored first answer for a replay; DIGEST_CONFLICT when the key means something else."""
-    row = db.one(
-        "SELECT intent_hash, value FROM idempotency WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
-        [ctx.scope_ref, ctx.principal, key_digest(idempotency_key)],
-    )
-    if row is None:
+def lookup(db: Store | UnitOfWork, ctx: HostContext, idempotency_key: str, intent: str) -> dict[str, Any] | None:
+    """The stored first answer for a replay; DIGEST_CONFLICT when the key means something else.
+
+    Given a unit of work, the answer is read inside that transaction."""
+    entry: LedgerEntry | None = db.ledger_lookup(ctx.scope_ref, ctx.principal, key_digest(idempotency_key))
+    if entry is None:
         return None
-    if row[0] != intent:
+    if entry.intent_hash != intent:
         raise EngramError("DIGEST_CONFLICT", "idempotency key bound to another intent")
-    return json.loads(row[1])
+    return json.loads(entry.value)
 
 
 def store(
-    con: duckdb.DuckDBPyConnection,
+    uow: UnitOfWork,
     ctx: HostContext,
     idempotency_key: str,
     tool: str,
@@ -46,15 +43,10 @@ def store(
     value: dict[str, Any],
     created_at: str,
 ) -> None:
-    con.execute(
-        "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [ctx.scope_ref, ctx.principal, key_digest(idempotency_key), tool, intent, canonical_text(value), created_at],
-    )
+    uow.ledger_store(ctx.scope_ref, ctx.principal, key_digest(idempotency_key), tool, intent,
+                     canonical_text(value), created_at)
 
 
-def update(con: duckdb.DuckDBPyConnection, ctx: HostContext, idempotency_key: str, value: dict[str, Any]) -> None:
+def update(db: Store | UnitOfWork, ctx: HostContext, idempotency_key: str, value: dict[str, Any]) -> None:
     """Record the final answer once a post-commit step (key destruction, purge) completed."""
-    con.execute(
-        "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
-        [canonical_text(value), ctx.scope_ref, ctx.principal, key_digest(idempotency_key)],
-    )
+    db.ledger_update(ctx.scope_ref, ctx.principal, key_digest(idempotency_key), canonical_text(value))

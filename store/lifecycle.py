@@ -33,13 +33,12 @@ from engram_memory.models.states import (
 )
 from engram_memory.store import ledger
 from engram_memory.store.authz import authorization_receipt
+from engram_memory.store.backend import NewCandidate, NewRecord, Store, UnitOfWork
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
-from engram_memory.store.db import Database
 from engram_memory.store.policy import DefaultAdmissionPolicy
 from engram_memory.store.timeutil import from_instant, to_instant
 
 ASSERTED_VERIFIER = "engram-memory:asserted"  # this server's name (the reference says graphify-memory)
-EXPIRABLE_STATES_SQL = "state IN (" + ", ".join(f"'{s}'" for s in EXPIRABLE) + ")"
 CURRENT = RecordState.ACCEPTED_CURRENT
 
 
@@ -90,7 +89,7 @@ class AdmittedRecord:
 
 
 class Lifecycle:
-    def __init__(self, db: Database, keys: KeyStore, policy: HostPolicy) -> None:
+    def __init__(self, db: Store, keys: KeyStore, policy: HostPolicy) -> None:
         self.db = db
         self.keys = keys
         self.host_policy = policy
@@ -135,28 +134,28 @@ class Lifecycle:
     def capture(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
         key = args["idempotency_key"]
         intent = ledger.intent_hash("capture", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "status": "duplicate_exact"}
+        with self.db.transaction() as uow:  # the ledger read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "status": "duplicate_exact"}
 
-        payload = self._effective_payload(ctx, args["payload"], now)
-        evidence = args["evidence"]
-        cid = derive_candidate_id(ctx.source_ref, "0", key)
-        recorded_at = to_instant(now)
-        pd = payload_digest(payload)
-        auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
-        trust = {
-            "class": "asserted",
-            "evidence_digest": evidence["evidence_digest"],
-            "verifier_id": ASSERTED_VERIFIER,
-            "verifier_version": "1",
-            "issued_at": recorded_at,
-            "revocation_epoch": "0",
-        }
-        trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
-        key_ref, dek = self.keys.create()
-        with self.db.transaction() as con:
-            cursor = self.db.high_water(ctx.scope_ref) + 1
+            payload = self._effective_payload(ctx, args["payload"], now)
+            evidence = args["evidence"]
+            cid = derive_candidate_id(ctx.source_ref, "0", key)
+            recorded_at = to_instant(now)
+            pd = payload_digest(payload)
+            auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
+            trust = {
+                "class": "asserted",
+                "evidence_digest": evidence["evidence_digest"],
+                "verifier_id": ASSERTED_VERIFIER,
+                "verifier_version": "1",
+                "issued_at": recorded_at,
+                "revocation_epoch": "0",
+            }
+            trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
+            key_ref, dek = self.keys.create()
+            cursor = uow.high_water(ctx.scope_ref) + 1
             record = self._build_record(payload, pd, recorded_at, cursor, auth, trust)
             envelope = canonical_bytes(
                 {
@@ -168,8 +167,7 @@ class Lifecycle:
                     "recorded_at": recorded_at,
                 }
             )
-            event = self.db.append_event(
-                con,
+            event = uow.append_event(
                 ctx.scope_ref,
                 {
                     "event_id": "capture:" + cid,
@@ -180,11 +178,9 @@ class Lifecycle:
                     "authorization_receipt_digest": auth,
                 },
             )
-            con.execute(
-                "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                [cid, ctx.scope_ref, ctx.principal, INITIAL_STATE.value, cursor, recorded_at, pd,
-                 record["record_digest"], key_ref, seal(dek, envelope, pending_context(cid))],
-            )
+            uow.insert_candidate(NewCandidate(
+                cid, ctx.scope_ref, ctx.principal, INITIAL_STATE.value, cursor, recorded_at, pd,
+                record["record_digest"], key_ref, seal(dek, envelope, pending_context(cid))))
             value = {
                 "status": "committed_pending",
                 "candidate_id": cid,
@@ -194,7 +190,7 @@ class Lifecycle:
                     "capture", cursor, event["event_hash"], recorded_at
                 ),
             }
-            ledger.store(con, ctx, key, "capture", intent, value, recorded_at)
+            ledger.store(uow, ctx, key, "capture", intent, value, recorded_at)
         return value
 
     @staticmethod
@@ -211,13 +207,13 @@ class Lifecycle:
         rd = record_digest(record)
         return {**record, "record_digest": rd, "record_id": record_id_from_digest(rd)}
 
-    def _candidate(self, ctx: HostContext, cid: str) -> tuple[Any, ...] | None:
+    @staticmethod
+    def _candidate(src: Store | UnitOfWork, ctx: HostContext, cid: str) -> tuple[Any, ...] | None:
         # One query shape for unknown and foreign ids: both simply find no row.
-        return self.db.one(
-            "SELECT state, created_cursor, recorded_at, key_ref, envelope, outcome, payload_digest"
-            " FROM candidates WHERE candidate_id = ? AND scope_ref = ?",
-            [cid, ctx.scope_ref],
-        )
+        c = src.candidate(cid, ctx.scope_ref)
+        if c is None:
+            return None
+        return (c.state, c.created_cursor, c.recorded_at, c.key_ref, c.envelope, c.outcome, c.payload_digest)
 
     # -- request_admission ---------------------------------------------------------------
 
@@ -225,67 +221,66 @@ class Lifecycle:
                           ) -> tuple[dict[str, Any], AdmittedRecord | None]:
         key, cid = args["idempotency_key"], args["candidate_id"]
         intent = ledger.intent_hash("request_admission", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}, None
-        row = self._candidate(ctx, cid)
-        if row is None:
-            raise EngramError("NOT_FOUND")
-        state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
-        if admission_step(state) == "duplicate_exact":  # a withdrawn candidate is NOT_FOUND
-            # Decided earlier under another key: the same decision, marked as a duplicate.
-            return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
-        dek = self.keys.load(key_ref) if key_ref else None
-        if dek is None or sealed is None:
-            raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
-        env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
-        payload, evidence = env["payload"], env["evidence"]
-        # pd was computed from this very payload at capture; the envelope is authenticated (GCM).
-        record = self._build_record(
-            payload, pd, env["recorded_at"], int(created_cursor),
-            env["authorization_receipt_digest"], env["trust"],
-        )
-        decision = self.admission_policy.decide(payload, evidence)
-        if decision == "accept" and self._tombstoned(ctx.scope_ref, record["payload_digest"]):
-            decision = "adjudication_required"  # forgotten content is never silently re-admitted
-        issued_at = to_instant(now)
-        envelope = {
-            "policy_id": self.admission_policy.policy_id,
-            "policy_version": self.admission_policy.policy_version,
-            "record_digest": record["record_digest"],
-            "decision": decision,
-            "issued_at": issued_at,
-        }
-        envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
-        decision_digest = envelope["receipt_digest"]
-        if decision == "adjudication_required":
-            pending_cursor = str(created_cursor)
-            pending_value = {
-                "outcome": {
-                    "status": "pending_adjudication",
-                    "candidate_id": cid,
-                    "cursor": pending_cursor,
-                    "decision_receipt_digest": decision_digest,
-                    "transaction_receipt_digest": receipt_digest(
-                        "admission-pending",
-                        {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
-                    ),
-                },
-                "replayed": False,
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}, None
+            row = self._candidate(uow, ctx, cid)
+            if row is None:
+                raise EngramError("NOT_FOUND")
+            state, created_cursor, _recorded_at, key_ref, sealed, outcome, pd = row
+            if admission_step(state) == "duplicate_exact":  # a withdrawn candidate is NOT_FOUND
+                # Decided earlier under another key: the same decision, marked as a duplicate.
+                return {"outcome": {**json.loads(outcome), "status": "duplicate_exact"}, "replayed": False}, None
+            dek = self.keys.load(key_ref) if key_ref else None
+            if dek is None or sealed is None:
+                raise EngramError("MUTATION_OUTCOME_UNKNOWN", "pending candidate without key")
+            env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
+            payload, evidence = env["payload"], env["evidence"]
+            # pd was computed from this very payload at capture; the envelope is authenticated (GCM).
+            record = self._build_record(
+                payload, pd, env["recorded_at"], int(created_cursor),
+                env["authorization_receipt_digest"], env["trust"],
+            )
+            decision = self.admission_policy.decide(payload, evidence)
+            if decision == "accept" and uow.tombstoned(ctx.scope_ref, record["payload_digest"]):
+                decision = "adjudication_required"  # forgotten content is never silently re-admitted
+            issued_at = to_instant(now)
+            envelope = {
+                "policy_id": self.admission_policy.policy_id,
+                "policy_version": self.admission_policy.policy_version,
+                "record_digest": record["record_digest"],
+                "decision": decision,
+                "issued_at": issued_at,
             }
-            # No state changes, but the answer is bound to the key like any other: a same-key
-            # retry replays this decision receipt instead of issuing a new one.
-            with self.db.transaction() as con:
-                ledger.store(con, ctx, key, "request_admission", intent, pending_value, issued_at)
-            return pending_value, None
+            envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
+            decision_digest = envelope["receipt_digest"]
+            if decision == "adjudication_required":
+                pending_cursor = str(created_cursor)
+                pending_value = {
+                    "outcome": {
+                        "status": "pending_adjudication",
+                        "candidate_id": cid,
+                        "cursor": pending_cursor,
+                        "decision_receipt_digest": decision_digest,
+                        "transaction_receipt_digest": receipt_digest(
+                            "admission-pending",
+                            {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
+                        ),
+                    },
+                    "replayed": False,
+                }
+                # No state changes, but the answer is bound to the key like any other: a same-key
+                # retry replays this decision receipt instead of issuing a new one.
+                ledger.store(uow, ctx, key, "request_admission", intent, pending_value, issued_at)
+                return pending_value, None
 
-        auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
-        accepted = decision == "accept"
-        operation = Operation.ACCEPT if accepted else Operation.REJECT
-        to_state = next_state(operation, CandidateState.PENDING).value
-        admitted: AdmittedRecord | None = None
-        record_key = self.keys.create() if accepted else None
-        with self.db.transaction() as con:
+            auth = authorization_receipt(ctx, "request_admission", {"candidate_id": cid})
+            accepted = decision == "accept"
+            operation = Operation.ACCEPT if accepted else Operation.REJECT
+            to_state = next_state(operation, CandidateState.PENDING).value
+            admitted: AdmittedRecord | None = None
+            record_key = self.keys.create() if accepted else None
             event_body: dict[str, Any] = {
                 "event_id": "admission:" + cid,
                 "recorded_at": record["recorded_at"],
@@ -299,7 +294,7 @@ class Lifecycle:
                 event_body["record_id"] = record["record_id"]
                 event_body["record_digest"] = record["record_digest"]
             # An acceptance also moves the projection cursor: the projections must show it.
-            event = self.db.append_event(con, ctx.scope_ref, event_body, advance_projection=accepted)
+            event = uow.append_event(ctx.scope_ref, event_body, advance_projection=accepted)
             cursor = int(event["cursor"])
             outcome_value: dict[str, Any] = {
                 "status": CANDIDATE_ROW_STATE[operation].value,
@@ -317,21 +312,16 @@ class Lifecycle:
                 rkey_ref, rdek = record_key
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
-                con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [record["record_id"], ctx.scope_ref, cid, to_state, record["record_digest"],
-                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
-                     from_instant(expires) if expires else None, rkey_ref,
-                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                     event_at(record), event_type(record)],
-                )
+                uow.insert_record(NewRecord(
+                    record["record_id"], ctx.scope_ref, cid, to_state, record["record_digest"],
+                    record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
+                    from_instant(expires) if expires else None, rkey_ref,
+                    seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
+                    event_at(record), event_type(record)))
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
-            con.execute(
-                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
-                [CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome_value), cid],
-            )
+            uow.close_candidate(cid, CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome_value))
             value = {"outcome": outcome_value, "replayed": False}
-            ledger.store(con, ctx, key, "request_admission", intent, value, issued_at)
+            ledger.store(uow, ctx, key, "request_admission", intent, value, issued_at)
         self._destroy(key_ref)  # a failure is retried (retry_keys), or swept at the next open
         return value, admitted
 
@@ -345,17 +335,17 @@ class Lifecycle:
 
         Raises LookupError for an unknown candidate and ValueError when it is not awaiting
         adjudication (not pending, or the policy would decide it on its own)."""
-        row = self.db.one(
-            "SELECT scope_ref, state, created_cursor, key_ref, envelope, payload_digest FROM candidates"
-            " WHERE candidate_id = ?", [cid])
-        if row is None:
+        c = self.db.candidate(cid, None)
+        if c is None:
             raise LookupError(cid)
-        scope_ref, state, created_cursor, key_ref, sealed, pd = row
+        scope_ref, state, created_cursor, key_ref, sealed, pd = (
+            c.scope_ref, c.state, c.created_cursor, c.key_ref, c.envelope, c.payload_digest)
         if state != CandidateState.PENDING:
             raise ValueError(f"candidate {cid} is {state}, not awaiting adjudication")
         dek = self.keys.load(key_ref) if key_ref else None
         if dek is None or sealed is None:
             raise ValueError(f"candidate {cid} has lost its data key")
+        assert key_ref is not None  # a data key was loaded from it
         env = json.loads(open_sealed(dek, sealed, pending_context(cid)))
         decision = self.admission_policy.decide(env["payload"], env["evidence"])
         if decision == "accept" and self._tombstoned(scope_ref, pd):
@@ -372,7 +362,7 @@ class Lifecycle:
         verdict["receipt_digest"] = receipt_digest("operator-adjudication", {"candidate_id": cid, **verdict})
         record_key = self.keys.create() if accept else None
         admitted: AdmittedRecord | None = None
-        with self.db.transaction() as con:
+        with self.db.transaction() as uow:
             body: dict[str, Any] = {
                 "event_id": "adjudication:" + cid,
                 "recorded_at": at,
@@ -386,7 +376,7 @@ class Lifecycle:
             if accept:
                 body["record_id"] = record["record_id"]
                 body["record_digest"] = record["record_digest"]
-            event = self.db.append_event(con, scope_ref, body, advance_projection=accept)
+            event = uow.append_event(scope_ref, body, advance_projection=accept)
             cursor = int(event["cursor"])
             outcome: dict[str, Any] = {
                 "status": CANDIDATE_ROW_STATE[operation].value,
@@ -402,45 +392,37 @@ class Lifecycle:
                 outcome["record_id"] = record["record_id"]
                 valid = record["valid_time"]
                 expires = record["retention"].get("expires_at")
-                con.execute(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [record["record_id"], scope_ref, cid, to_state, record["record_digest"],
-                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
-                     from_instant(expires) if expires else None, rkey_ref,
-                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                     event_at(record), event_type(record)],
-                )
+                uow.insert_record(NewRecord(
+                    record["record_id"], scope_ref, cid, to_state, record["record_digest"],
+                    record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
+                    from_instant(expires) if expires else None, rkey_ref,
+                    seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
+                    event_at(record), event_type(record)))
                 admitted = AdmittedRecord(scope_ref, record, cursor)
-            con.execute(
-                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL, outcome = ? WHERE candidate_id = ?",
-                [CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome), cid],
-            )
+            uow.close_candidate(cid, CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome))
         self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open
         return {"scope_ref": scope_ref, "event": event, "outcome": outcome}, admitted
 
     def _tombstoned(self, scope_ref: str, pd: str) -> bool:
-        return self.db.one(
-            "SELECT 1 FROM tombstoned_payloads WHERE scope_ref = ? AND payload_digest = ? LIMIT 1", [scope_ref, pd]
-        ) is not None
+        return self.db.tombstoned(scope_ref, pd)
 
     # -- withdraw ------------------------------------------------------------------------
 
     def withdraw(self, ctx: HostContext, args: dict[str, Any], now: int) -> dict[str, Any]:
         key, cid = args["idempotency_key"], args["candidate_id"]
         intent = ledger.intent_hash("withdraw", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}
-        row = self._candidate(ctx, cid)
-        if row is None:
-            raise EngramError("NOT_FOUND")
-        state, key_ref = row[0], row[3]
-        to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
-        at = to_instant(now)
-        auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
-        with self.db.transaction() as con:
-            event = self.db.append_event(
-                con,
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}
+            row = self._candidate(uow, ctx, cid)
+            if row is None:
+                raise EngramError("NOT_FOUND")
+            state, key_ref = row[0], row[3]
+            to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
+            at = to_instant(now)
+            auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
+            event = uow.append_event(
                 ctx.scope_ref,
                 {
                     "event_id": "withdraw:" + cid,
@@ -453,18 +435,15 @@ class Lifecycle:
                     "reason_ref": args["reason_ref"],
                 },
             )
-            con.execute(
-                "UPDATE candidates SET state = ?, key_ref = NULL, envelope = NULL WHERE candidate_id = ?",
-                [CANDIDATE_ROW_STATE[Operation.WITHDRAW].value, cid],
-            )
+            uow.close_candidate(cid, CANDIDATE_ROW_STATE[Operation.WITHDRAW].value)
             receipt = self._lifecycle_receipt(event, Operation.WITHDRAW.value, state, to_state, auth, at)
             # Written as "pending" in the same transaction; upgraded once the key is gone, so a
             # replay always returns the answer the first call gave.
             value = {"receipt": receipt, "replayed": False, "key_destruction": "pending"}
-            ledger.store(con, ctx, key, "withdraw", intent, value, at)
+            ledger.store(uow, ctx, key, "withdraw", intent, value, at)
         if key_ref is None or self._destroy(key_ref):
             value = {**value, "key_destruction": "complete"}
-            ledger.update(self.db.con, ctx, key, value)
+            ledger.update(self.db, ctx, key, value)
         return value
 
     def _lifecycle_receipt(self, event: dict[str, Any], operation: str, from_state: str, to_state: str,
@@ -488,22 +467,18 @@ class Lifecycle:
         (None for a replay)."""
         key, rid = args["idempotency_key"], args["record_id"]
         intent = ledger.intent_hash("forget", args)
-        replay = ledger.lookup(self.db, ctx, key, intent)
-        if replay is not None:
-            return {**replay, "replayed": True}, None
-        row = self.db.one(
-            "SELECT state, key_ref, payload_digest FROM records WHERE record_id = ? AND scope_ref = ?",
-            [rid, ctx.scope_ref],
-        )
-        if row is None:
-            raise EngramError("NOT_FOUND")
-        state, key_ref, pd = row
-        to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
-        at = to_instant(now)
-        auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
-        with self.db.transaction() as con:
-            event = self.db.append_event(
-                con,
+        with self.db.transaction() as uow:  # the ledger and state read inside it
+            replay = ledger.lookup(uow, ctx, key, intent)
+            if replay is not None:
+                return {**replay, "replayed": True}, None
+            status = uow.record_state(ctx.scope_ref, rid)
+            if status is None:
+                raise EngramError("NOT_FOUND")
+            state, key_ref, pd = status.state, status.key_ref, status.payload_digest
+            to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
+            at = to_instant(now)
+            auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
+            event = uow.append_event(
                 ctx.scope_ref,
                 {
                     "event_id": "tombstone:" + rid,
@@ -518,15 +493,12 @@ class Lifecycle:
                 advance_projection=True,
             )
             cursor = int(event["cursor"])
-            con.execute(
-                "UPDATE records SET state = ?, key_ref = NULL, body = NULL, event_type = NULL WHERE record_id = ?",
-                [to_state, rid]
-            )
-            con.execute("DELETE FROM embeddings WHERE record_id = ?", [rid])
-            con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)", [ctx.scope_ref, pd, rid, cursor])
+            uow.tombstone_record(rid, to_state)
+            uow.delete_embeddings(rid)
+            uow.tombstone_payload(ctx.scope_ref, pd, rid, cursor)
             receipt = self._lifecycle_receipt(event, Operation.TOMBSTONE.value, state, to_state, auth, at)
             value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
-            ledger.store(con, ctx, key, "forget", intent, value, at)
+            ledger.store(uow, ctx, key, "forget", intent, value, at)
         if key_ref is not None:
             self._destroy(key_ref)  # crypto-shreds the body; the engine completes only once it is gone
         return value, rid
@@ -535,7 +507,7 @@ class Lifecycle:
                         coverage_digest: str) -> dict[str, Any]:
         """Called once every projection has physically dropped the record and its key is gone."""
         value = {**value, "projection_invalidation": "complete", "coverage_receipt_digest": coverage_digest}
-        ledger.update(self.db.con, ctx, idempotency_key, value)
+        ledger.update(self.db, ctx, idempotency_key, value)
         return value
 
     # -- post-commit steps that did not finish ---------------------------------------------
@@ -556,8 +528,8 @@ class Lifecycle:
     def pending_scopes(self) -> dict[str, set[str]]:
         """``{scope_ref: {tool}}`` of the withdraw and forget answers still saying "pending"."""
         out: dict[str, set[str]] = {}
-        for scope_ref, tool, _p, _k, _v in self._pending_answers():
-            out.setdefault(scope_ref, set()).add(tool)
+        for answer in self.db.pending_answers():
+            out.setdefault(answer.scope_ref, set()).add(answer.tool)
         return out
 
     def complete_pending(self, scope_ref: str, coverage_digest: str) -> int:
@@ -565,29 +537,16 @@ class Lifecycle:
 
         Only once the caller made it true: no data key left to destroy (retry_keys) and, for a
         forget, the scope's projections rebuilt from the current records (the coverage)."""
-        answers = self._pending_answers(scope_ref)
-        with self.db.transaction() as con:
-            for _s, tool, principal, key_digest, value in answers:
-                if tool == "withdraw":
+        answers = self.db.pending_answers(scope_ref)
+        with self.db.transaction() as uow:
+            for answer in answers:
+                value = answer.value
+                if answer.tool == "withdraw":
                     value = {**value, "key_destruction": "complete"}
                 else:
                     value = {**value, "projection_invalidation": "complete", "coverage_receipt_digest": coverage_digest}
-                con.execute(
-                    "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
-                    [canonical_text(value), scope_ref, principal, key_digest],
-                )
+                uow.ledger_update(scope_ref, answer.principal, answer.key_digest, canonical_text(value))
         return len(answers)
-
-    def _pending_answers(self, scope_ref: str | None = None) -> list[tuple[str, str, str, str, dict[str, Any]]]:
-        # The stored values are JCS text, so a pending answer holds exactly this substring.
-        sql = ("SELECT scope_ref, tool, principal, key_digest, value FROM idempotency"
-               " WHERE ((tool = 'withdraw' AND value LIKE '%\"key_destruction\":\"pending\"%')"
-               " OR (tool = 'forget' AND value LIKE '%\"projection_invalidation\":\"pending\"%'))")
-        params: list[Any] = []
-        if scope_ref is not None:
-            sql += " AND scope_ref = ?"
-            params.append(scope_ref)
-        return [(s, t, p, k, json.loads(v)) for s, t, p, k, v in self.db.all(sql + " ORDER BY 1, 3, 4", params)]
 
     # -- expiry maintenance --------------------------------------------------------------
 
@@ -595,22 +554,17 @@ class Lifecycle:
         """Append an expire event for each record past retention.expires_at (REFERENCE §7.4).
 
         The engine calls it only when its scope view says a record is due (store/live.py)."""
-        due = self.db.all(
-            "SELECT record_id, state, record_digest, expires_at_ms FROM records WHERE scope_ref = ?"
-            f" AND {EXPIRABLE_STATES_SQL} AND expires_at_ms <= ?"
-            " ORDER BY record_id",
-            [scope_ref, now],
-        )
+        due = self.db.due_expiries(scope_ref, [s.value for s in EXPIRABLE], now)
         if not due:
             return []
         at = to_instant(now)
-        with self.db.transaction() as con:
+        with self.db.transaction() as uow:
             cursor = 0
-            for rid, state, rd, expires_ms in due:
-                expires_at = to_instant(int(expires_ms))
+            for d in due:
+                rid, state, rd = d.record_id, d.state, d.record_digest
+                expires_at = to_instant(d.expires_at_ms)
                 auth = receipt_digest("retention-expiry", {"record_id": rid, "expires_at": expires_at})
-                event = self.db.append_event(
-                    con,
+                event = uow.append_event(
                     scope_ref,
                     {
                         "event_id": f"maintenance:expire:{rid}:{expires_at}",
@@ -625,9 +579,9 @@ class Lifecycle:
                     },
                 )
                 cursor = int(event["cursor"])
-                con.execute("UPDATE records SET state = ? WHERE record_id = ?", [RecordState.EXPIRED.value, rid])
-            con.execute("UPDATE scopes SET projection_cursor = ? WHERE scope_ref = ?", [cursor, scope_ref])
-        return [r[0] for r in due]
+                uow.set_record_state(rid, RecordState.EXPIRED.value)
+            uow.set_projection_cursor(scope_ref, cursor)
+        return [d.record_id for d in due]
 
     # -- reads ---------------------------------------------------------------------------
 

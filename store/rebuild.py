@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
@@ -26,11 +25,12 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.store.db import StoreBusyError
+from engram_memory.store.duckdb import stopped
+from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.engine import Engine
 from engram_memory.store.lifecycle import lexical_fields
 
 PROBES = 200
-STORE_FILE = "engram.duckdb"
 LOCK_FILE = ".lock"  # store.db.Database's advisory lock
 
 
@@ -91,18 +91,9 @@ def existing_scopes(data_dir: Path) -> list[str]:
     if busy:
         raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process")
     try:
-        con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
-    except duckdb.IOException as exc:
-        if "could not set lock" in str(exc).lower():  # (the path is in the message: match the phrase)
-            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
-        raise NoStoreError(data_dir, f"{STORE_FILE} is not a DuckDB database") from None
-    try:
-        rows = con.execute("SELECT scope_ref FROM scopes ORDER BY scope_ref").fetchall()
-    except duckdb.CatalogException:
-        raise NoStoreError(data_dir, f"{STORE_FILE} is not an engram-memory database") from None
-    finally:
-        con.close()
-    return [str(row[0]) for row in rows]
+        return stopped.scopes(data_dir)
+    except stopped.NotAStoreError as exc:
+        raise NoStoreError(data_dir, exc.reason) from None
 
 
 @dataclass

@@ -30,18 +30,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import duckdb
 import numpy as np
 
 from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_digest, record_id_from_digest
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
 from engram_memory.store.crypto import KeyStore, open_sealed
-from engram_memory.store.db import Database, StoreBusyError, held_if_present
+from engram_memory.store.db import StoreBusyError, held_if_present
+from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
-from engram_memory.store.rebuild import STORE_FILE, build_aside, compare_projections, existing_scopes
+from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
 from engram_memory.store.refusals import JOURNAL_CORRUPT
 
 MAX_LISTED = 10  # per check and scope: beyond that, a count
@@ -87,16 +87,6 @@ class VerifyReport:
                 "scopes": [s.as_dict() for s in self.scopes]}
 
 
-class _Rows:
-    """Just what ``Database.verify_journal`` reads, over a read-only connection."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self.con = con
-
-    def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.con.execute(sql, params or []).fetchall()
-
-
 def _held(data_dir: Path) -> Any:
     """Hold the store's advisory lock (never creating it): no server starts while we read."""
     return held_if_present(data_dir, lambda: StoreBusyError(
@@ -112,16 +102,13 @@ def _listed(problems: list[str], what: str, ids: list[str]) -> None:
 
 
 class _Verifier:
-    def __init__(self, data_dir: Path, con: duckdb.DuckDBPyConnection, deep: bool) -> None:
-        self.data_dir, self.con, self.deep = data_dir, con, deep
+    def __init__(self, data_dir: Path, store: StoreInspector, deep: bool) -> None:
+        self.data_dir, self.store, self.deep = data_dir, store, deep
         self.keys_dir = data_dir / "keys"
         self.key_store: KeyStore | None = None
         if (data_dir / "master.key").is_file() and self.keys_dir.is_dir():
             self.key_store = KeyStore(data_dir)  # (both exist: it creates nothing)
         self.corrupt = False
-
-    def rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.con.execute(sql, params or []).fetchall()
 
     def key_exists(self, key_ref: str) -> bool:
         return (self.keys_dir / key_ref.removeprefix("local:key-")).is_file()
@@ -150,16 +137,14 @@ class _Verifier:
         problems: list[str] = []
         if self.key_store is None:
             problems.append("the store has no master key or no keys directory")
-        referenced = {r[0] for r in self.rows(
-            "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
-            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")}
+        referenced = self.store.referenced_keys()
         files = sorted(p.name for p in self.keys_dir.iterdir()) if self.keys_dir.is_dir() else []
         orphans = [name for name in files if "local:key-" + name not in referenced]
         _listed(problems, "data key files referenced by no candidate or record (an interrupted write; "
                 "the next open destroys them)", orphans)
-        listed = {r[0] for r in self.rows("SELECT scope_ref FROM scopes")}
-        for table in ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency"):
-            stray = [r[0] for r in self.rows(f"SELECT DISTINCT scope_ref FROM {table}") if r[0] not in listed]
+        listed = self.store.listed_scopes()
+        for table in TABLES:
+            stray = [s for s in self.store.scopes_in(table) if s not in listed]
             if stray:
                 problems.append(f"{table} has rows under {len(stray)} scope(s) the scopes table does not list")
                 if table == "journal":
@@ -179,11 +164,10 @@ class _Verifier:
                            [f"{scope_ref}: {p}" for p in problems])
 
     def journal(self, scope_ref: str, problems: list[str]) -> tuple[int, bool]:
-        ok = Database.verify_journal(cast(Database, _Rows(self.con)), scope_ref)
+        ok = self.store.verify_journal(scope_ref)
         if not ok:
             problems.append("the journal's hash chain or cursor sequence does not verify")
-        rows = self.rows("SELECT cursor, event_id, operation, body, event_hash FROM journal WHERE scope_ref = ?"
-                         " ORDER BY cursor", [scope_ref])
+        rows = self.store.journal_rows(scope_ref)
         # verify_journal hashes the body; the columns read by queries must say the same thing.
         mismatched = []
         for cursor, event_id, operation, body, event_hash in rows:
@@ -198,8 +182,7 @@ class _Verifier:
         if mismatched:
             ok = False
             _listed(problems, "journal rows whose columns differ from their hashed body, at cursors", mismatched)
-        head = self.rows("SELECT high_water, last_event_hash, projection_cursor FROM scopes WHERE scope_ref = ?",
-                         [scope_ref])[0]
+        head = self.store.head(scope_ref)
         last_cursor, last_hash = (int(rows[-1][0]), rows[-1][4]) if rows else (0, ZERO_DIGEST)
         if (int(head[0]), head[1]) != (last_cursor, last_hash):
             ok = False
@@ -215,10 +198,9 @@ class _Verifier:
     def lifecycle(self, scope_ref: str, problems: list[str]) -> None:
         """Lifecycle rows against the journal: each logical operation once, states agreeing."""
         ops: dict[str, list[str]] = {}
-        for event_id, operation in self.rows("SELECT event_id, operation FROM journal WHERE scope_ref = ?",
-                                             [scope_ref]):
+        for event_id, operation in self.store.journal_operations(scope_ref):
             ops.setdefault(event_id.split(":", 1)[1] if ":" in event_id else event_id, []).append(operation)
-        candidates = self.rows("SELECT candidate_id, state FROM candidates WHERE scope_ref = ?", [scope_ref])
+        candidates = self.store.candidate_states(scope_ref)
         known = {cid for cid, _ in candidates}
         no_capture, wrong_state = [], []
         for cid, state in candidates:
@@ -233,23 +215,21 @@ class _Verifier:
         _listed(problems, "candidates whose state disagrees with their journal events", wrong_state)
         captured = [key for key, seen in ops.items() if "capture" in seen and key not in known]
         _listed(problems, "capture events without a candidate row", captured)
-        records = self.rows("SELECT record_id, candidate_id, state FROM records WHERE scope_ref = ?", [scope_ref])
+        records = self.store.record_links(scope_ref)
         by_candidate = {cid: rid for rid, cid, _ in records}
         accepted = [cid for cid, state in candidates if state == CandidateState.ACCEPTED]
         _listed(problems, "accepted candidates without a record", [c for c in accepted if c not in by_candidate])
         states = dict(candidates)
         _listed(problems, "records without an accepted candidate",
                 [rid for rid, cid, _ in records if states.get(cid) != CandidateState.ACCEPTED])
-        tombstoned = {r[0] for r in self.rows("SELECT record_id FROM tombstoned_payloads WHERE scope_ref = ?",
-                                              [scope_ref])}
+        tombstoned = self.store.tombstoned_records(scope_ref)
         bad = [rid for rid, _, state in records
                if (state == RecordState.TOMBSTONED) != ("tombstone" in ops.get(rid, []))
                or (state == RecordState.TOMBSTONED) != (rid in tombstoned)]
         _listed(problems, "records whose tombstone state, event and tombstoned payload disagree", bad)
 
     def candidates(self, scope_ref: str, problems: list[str]) -> int:
-        rows = self.rows("SELECT candidate_id, state, created_cursor, payload_digest, record_digest, key_ref,"
-                         " envelope, outcome FROM candidates WHERE scope_ref = ?", [scope_ref])
+        rows = self.store.candidates(scope_ref)
         missing, lingering, digests = [], [], []
         for cid, state, created, pd, rd, key_ref, sealed, outcome in rows:
             if state != CandidateState.PENDING:
@@ -277,9 +257,7 @@ class _Verifier:
         return len(rows)
 
     def records(self, scope_ref: str, problems: list[str]) -> list[str]:
-        rows = self.rows("SELECT r.record_id, r.state, r.record_digest, r.payload_digest, r.key_ref, r.body,"
-                         " c.record_digest FROM records r LEFT JOIN candidates c USING (candidate_id)"
-                         " WHERE r.scope_ref = ?", [scope_ref])
+        rows = self.store.records(scope_ref)
         missing, shredded_left, digests, alive = [], [], [], []
         for rid, state, rd, pd, key_ref, body, candidate_rd in rows:
             if state == RecordState.TOMBSTONED:
@@ -309,15 +287,14 @@ class _Verifier:
         _listed(problems, "forgotten records still holding a key or a body", shredded_left)
         _listed(problems, "records whose sealed body does not yield their digests or id", digests)
         keyed = {rid for rid, state, *_rest in rows if state != RecordState.TOMBSTONED}
-        stale = [r[0] for r in self.rows("SELECT DISTINCT record_id FROM embeddings WHERE scope_ref = ?", [scope_ref])
-                 if r[0] not in keyed]
+        stale = [rid for rid in self.store.embedded_records(scope_ref) if rid not in keyed]
         _listed(problems, "embedding rows for records that are forgotten or absent", stale)
         return alive
 
     # -- projections ---------------------------------------------------------------------
 
     def projections(self, scope_ref: str, problems: list[str]) -> str:
-        cursor = int(self.rows("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])[0][0])
+        cursor = self.store.projection_cursor(scope_ref)
         live_dir = self.data_dir / "projections" / scope_dirname(scope_ref)
         records = self._current_records(scope_ref)
         if not live_dir.is_dir():
@@ -344,9 +321,7 @@ class _Verifier:
 
     def _current_records(self, scope_ref: str) -> list[dict[str, Any]]:
         out = []
-        for rid, key_ref, body in self.rows(
-                f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = "
-                f"'{RecordState.ACCEPTED_CURRENT}' AND body IS NOT NULL ORDER BY record_id", [scope_ref]):
+        for rid, key_ref, body in self.store.current_bodies(scope_ref, RecordState.ACCEPTED_CURRENT.value):
             record = self.open_json(key_ref, body, record_context(rid))
             if record is not None:  # otherwise reported by records()
                 out.append(record)
@@ -354,10 +329,8 @@ class _Verifier:
 
     def _stored_vectors(self, scope_ref: str, problems: list[str]) -> tuple[list[str], np.ndarray] | None:
         """The current records' stored embeddings, as the engine would index them (None: none stored)."""
-        current = f"r.state = '{RecordState.ACCEPTED_CURRENT}'"
-        digests = [r[0] for r in self.rows(
-            "SELECT DISTINCT e.model_digest FROM embeddings e JOIN records r USING (record_id)"
-            f" WHERE e.scope_ref = ? AND {current}", [scope_ref])]
+        current = RecordState.ACCEPTED_CURRENT.value
+        digests = self.store.embedding_models(scope_ref, current)
         if not digests:
             return None
         if len(digests) > 1:
@@ -370,10 +343,7 @@ class _Verifier:
                 return None
             digests = [model]
         ids, vecs = [], []
-        for rid, key_ref, blob in self.rows(
-                "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
-                f" WHERE e.scope_ref = ? AND e.model_digest = ? AND {current} ORDER BY e.record_id",
-                [scope_ref, digests[0]]):
+        for rid, key_ref, blob in self.store.embeddings(scope_ref, current, digests[0]):
             dek = self.load_key(key_ref) if key_ref else None
             if dek is None:
                 continue
@@ -389,16 +359,13 @@ def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
     data_dir = Path(data_dir)
     scopes = existing_scopes(data_dir)
     with _held(data_dir):
+        store = StoreInspector(data_dir)
         try:
-            con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
-        except duckdb.IOException:
-            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
-        try:
-            verifier = _Verifier(data_dir, con, deep)
+            verifier = _Verifier(data_dir, store, deep)
             problems, key_files = verifier.global_problems()
             results = [verifier.scope(scope) for scope in scopes]
         finally:
-            con.close()
+            store.close()
     for result in results:
         problems.extend(result.problems)
     return VerifyReport(str(data_dir), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,

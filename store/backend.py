@@ -1,0 +1,260 @@
+"""The store boundary: what the engine asks of its store, backend-neutral.
+
+Everything the engine, lifecycle rules, expiry, adjudication and the read path need from the
+store is a method here, over domain values (no SQL, no driver types). ``store/duckdb/`` is the
+one implementation today; a second backend implements the same two protocols.
+
+Contracts a backend must keep (the single-writer assumptions made explicit):
+
+* ``UnitOfWork.append_event`` reads the scope's head (cursor and last event hash) *inside* the
+  transaction, so two writers can never fork a scope's hash chain; a backend may cache the head
+  only while it is the one writer (DuckDB: the data directory's flock).
+* ``UnitOfWork.ledger_lookup`` answers from inside the mutation's transaction.
+* Every failure of the store itself (not of the request) is a ``StoreError``, or one of the
+  native error types a backend registers with ``register_store_errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class StoreError(RuntimeError):
+    """The store failed (I/O, constraint, lost connection): STORE_UNAVAILABLE to a caller."""
+
+
+class StoreBusyError(RuntimeError):
+    """Another process owns the data directory (DuckDB allows one writer)."""
+
+
+_NATIVE_ERRORS: list[type[BaseException]] = []
+
+
+def register_store_errors(*types: type[BaseException]) -> None:
+    """A backend names its driver's own error types once, so callers need not import the driver."""
+    _NATIVE_ERRORS.extend(t for t in types if t not in _NATIVE_ERRORS)
+
+
+def is_store_error(exc: BaseException) -> bool:
+    return isinstance(exc, (StoreError, *_NATIVE_ERRORS))
+
+
+# -- domain rows ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One idempotency-ledger answer: the intent it is bound to and the JCS text of the value."""
+
+    intent_hash: str
+    value: str
+
+
+@dataclass(frozen=True)
+class PendingAnswer:
+    """A withdraw or forget answer still saying "pending" (value parsed)."""
+
+    scope_ref: str
+    tool: str
+    principal: str
+    key_digest: str
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    scope_ref: str
+    state: str
+    created_cursor: int
+    recorded_at: str
+    key_ref: str | None
+    envelope: bytes | None
+    outcome: str | None
+    payload_digest: str
+
+
+@dataclass(frozen=True)
+class NewCandidate:
+    candidate_id: str
+    scope_ref: str
+    principal: str
+    state: str
+    created_cursor: int
+    recorded_at: str
+    payload_digest: str
+    record_digest: str
+    key_ref: str
+    envelope: bytes
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    record_id: str
+    scope_ref: str
+    candidate_id: str
+    state: str
+    record_digest: str
+    payload_digest: str
+    recorded_cursor: int
+    valid_t: str
+    valid_t_end: str | None
+    expires_at_ms: int | None
+    key_ref: str
+    body: bytes
+    event_at: int | None
+    event_type: str | None
+
+
+@dataclass(frozen=True)
+class RecordStatus:
+    state: str
+    key_ref: str | None
+    payload_digest: str
+
+
+@dataclass(frozen=True)
+class DueExpiry:
+    record_id: str
+    state: str
+    record_digest: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class SealedRecord:
+    """A record's sealed body as stored (decrypted by the caller, who holds the keys)."""
+
+    record_id: str
+    scope_ref: str
+    key_ref: str
+    body: bytes
+
+
+@dataclass(frozen=True)
+class LiveWindow:
+    """What a scope view keeps of a current record (store/live.py), undecrypted."""
+
+    record_id: str
+    valid_t: Any
+    valid_t_end: Any
+    expires_at_ms: Any
+    event_at: Any
+    event_type: str | None
+
+
+# -- the protocols -------------------------------------------------------------------------
+
+
+class UnitOfWork(Protocol):
+    """One transaction: the journal event, its state rows and its ledger entry commit together."""
+
+    def high_water(self, scope_ref: str) -> int: ...
+
+    def append_event(self, scope_ref: str, event: dict[str, Any],
+                     advance_projection: bool = False) -> dict[str, Any]: ...
+
+    def set_projection_cursor(self, scope_ref: str, cursor: int) -> None: ...
+
+    def ledger_lookup(self, scope_ref: str, principal: str, key_digest: str) -> LedgerEntry | None: ...
+
+    def candidate(self, candidate_id: str, scope_ref: str | None) -> Candidate | None: ...
+
+    def record_state(self, scope_ref: str, record_id: str) -> RecordStatus | None: ...
+
+    def tombstoned(self, scope_ref: str, payload_digest: str) -> bool: ...
+
+    def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
+                     value: str, created_at: str) -> None: ...
+
+    def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None: ...
+
+    def insert_candidate(self, candidate: NewCandidate) -> None: ...
+
+    def close_candidate(self, candidate_id: str, state: str, outcome: str | None = None) -> None: ...
+
+    def insert_record(self, record: NewRecord) -> None: ...
+
+    def set_record_state(self, record_id: str, state: str) -> None: ...
+
+    def tombstone_record(self, record_id: str, state: str) -> None: ...
+
+    def delete_embeddings(self, record_id: str) -> None: ...
+
+    def tombstone_payload(self, scope_ref: str, payload_digest: str, record_id: str, cursor: int) -> None: ...
+
+    def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]: ...
+
+    def insert_embeddings(self, rows: Sequence[tuple[str, str | None, str, bytes]]) -> None: ...
+
+
+class Store(Protocol):
+    """The store as the engine sees it: transactions, reads, and the few store-wide values."""
+
+    storage_epoch: str
+
+    def close(self) -> None: ...
+
+    def transaction(self) -> AbstractContextManager[UnitOfWork]: ...
+
+    # ledger (outside a transaction: a fast path for replays; re-read inside one to be exact)
+    def ledger_lookup(self, scope_ref: str, principal: str, key_digest: str) -> LedgerEntry | None: ...
+
+    def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None: ...
+
+    def pending_answers(self, scope_ref: str | None = None) -> list[PendingAnswer]: ...
+
+    # lifecycle state
+    def candidate(self, candidate_id: str, scope_ref: str | None) -> Candidate | None: ...
+
+    def candidate_count(self, scope_ref: str) -> int: ...
+
+    def record_state(self, scope_ref: str, record_id: str) -> RecordStatus | None: ...
+
+    def tombstoned(self, scope_ref: str, payload_digest: str) -> bool: ...
+
+    def due_expiries(self, scope_ref: str, states: Sequence[str], now_ms: int) -> list[DueExpiry]: ...
+
+    # scopes and the journal
+    def scopes(self) -> list[str]: ...
+
+    def projection_cursors(self) -> dict[str, int]: ...
+
+    def projection_cursor(self, scope_ref: str) -> int: ...
+
+    def high_water(self, scope_ref: str) -> int: ...
+
+    def verify_journal(self, scope_ref: str) -> bool: ...
+
+    # records (sealed; the caller decrypts)
+    def referenced_keys(self) -> set[str]: ...
+
+    def current_records(self, scope_ref: str, state: str) -> list[SealedRecord]: ...
+
+    def missing_embeddings(self, scope_ref: str, state: str, model_digest: str | None,
+                           limit: int) -> list[SealedRecord]: ...
+
+    def load_records(self, record_ids: Sequence[str]) -> list[SealedRecord]: ...
+
+    def live_windows(self, scope_ref: str, state: str) -> list[LiveWindow]: ...
+
+    # stored embeddings
+    def stored_embeddings(self, scope_ref: str, state: str,
+                          model_digest: str | None) -> list[tuple[str, str, bytes]]: ...
+
+    def stored_embedding_count(self, scope_ref: str, state: str, model_digest: str | None) -> int: ...
+
+    def embedding_count(self, record_id: str | None = None) -> int: ...
+
+    # identity and copies (backup)
+    def store_id(self) -> str: ...
+
+    def heads(self) -> dict[str, tuple[int, str]]: ...
+
+    def copy_to(self, path: Path) -> None: ...
+
+    # audit
+    def append_audit(self, rows: Sequence[Sequence[Any]]) -> None: ...

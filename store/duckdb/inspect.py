@@ -1,0 +1,107 @@
+"""What ``admin verify`` reads of a stopped DuckDB store: one read-only connection, named queries.
+
+Table-level checks (rows under unlisted scopes, columns against hashed bodies) are about how this
+backend lays the data out, so the queries stay here and store/verify.py keeps the rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import duckdb
+
+from engram_memory.store.backend import StoreBusyError
+from engram_memory.store.duckdb.backend import STORE_FILE, Database
+
+TABLES = ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency")
+
+
+class StoreInspector:
+    def __init__(self, data_dir: Path) -> None:
+        try:
+            self.con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
+        except duckdb.IOException:
+            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
+
+    def close(self) -> None:
+        self.con.close()
+
+    def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params or []).fetchall()
+
+    def verify_journal(self, scope_ref: str) -> bool:
+        return Database.verify_journal(cast(Database, self), scope_ref)
+
+    # -- store-wide ----------------------------------------------------------------------
+
+    def referenced_keys(self) -> set[str]:
+        return {r[0] for r in self.all(
+            "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
+            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")}
+
+    def listed_scopes(self) -> set[str]:
+        return {r[0] for r in self.all("SELECT scope_ref FROM scopes")}
+
+    def scopes_in(self, table: str) -> list[str]:
+        assert table in TABLES
+        return [r[0] for r in self.all(f"SELECT DISTINCT scope_ref FROM {table}")]
+
+    # -- one scope -----------------------------------------------------------------------
+
+    def journal_rows(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(cursor, event_id, operation, body, event_hash) in cursor order."""
+        return self.all("SELECT cursor, event_id, operation, body, event_hash FROM journal WHERE scope_ref = ?"
+                        " ORDER BY cursor", [scope_ref])
+
+    def head(self, scope_ref: str) -> tuple[Any, ...]:
+        """(high_water, last_event_hash, projection_cursor)."""
+        return self.all("SELECT high_water, last_event_hash, projection_cursor FROM scopes WHERE scope_ref = ?",
+                        [scope_ref])[0]
+
+    def journal_operations(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        return self.all("SELECT event_id, operation FROM journal WHERE scope_ref = ?", [scope_ref])
+
+    def candidate_states(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        return self.all("SELECT candidate_id, state FROM candidates WHERE scope_ref = ?", [scope_ref])
+
+    def record_links(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        return self.all("SELECT record_id, candidate_id, state FROM records WHERE scope_ref = ?", [scope_ref])
+
+    def tombstoned_records(self, scope_ref: str) -> set[str]:
+        return {r[0] for r in self.all("SELECT record_id FROM tombstoned_payloads WHERE scope_ref = ?",
+                                       [scope_ref])}
+
+    def candidates(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(candidate_id, state, created_cursor, payload_digest, record_digest, key_ref, envelope, outcome)."""
+        return self.all("SELECT candidate_id, state, created_cursor, payload_digest, record_digest, key_ref,"
+                        " envelope, outcome FROM candidates WHERE scope_ref = ?", [scope_ref])
+
+    def records(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(record_id, state, record_digest, payload_digest, key_ref, body, its candidate's record_digest)."""
+        return self.all("SELECT r.record_id, r.state, r.record_digest, r.payload_digest, r.key_ref, r.body,"
+                        " c.record_digest FROM records r LEFT JOIN candidates c USING (candidate_id)"
+                        " WHERE r.scope_ref = ?", [scope_ref])
+
+    def embedded_records(self, scope_ref: str) -> list[str]:
+        return [r[0] for r in self.all("SELECT DISTINCT record_id FROM embeddings WHERE scope_ref = ?",
+                                       [scope_ref])]
+
+    def projection_cursor(self, scope_ref: str) -> int:
+        return int(self.all("SELECT projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])[0][0])
+
+    def current_bodies(self, scope_ref: str, state: str) -> list[tuple[Any, ...]]:
+        """(record_id, key_ref, body) of the scope's records in ``state`` with a body, by record_id."""
+        return self.all(f"SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = "
+                        f"'{state}' AND body IS NOT NULL ORDER BY record_id", [scope_ref])
+
+    def embedding_models(self, scope_ref: str, state: str) -> list[str]:
+        return [r[0] for r in self.all(
+            "SELECT DISTINCT e.model_digest FROM embeddings e JOIN records r USING (record_id)"
+            f" WHERE e.scope_ref = ? AND r.state = '{state}'", [scope_ref])]
+
+    def embeddings(self, scope_ref: str, state: str, model_digest: str) -> list[tuple[Any, ...]]:
+        """(record_id, key_ref, vector) by record_id."""
+        return self.all(
+            "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
+            f" WHERE e.scope_ref = ? AND e.model_digest = ? AND r.state = '{state}' ORDER BY e.record_id",
+            [scope_ref, model_digest])
