@@ -1,4 +1,4 @@
-"""PostgreSQL schema, applied through the same migrations ledger as the DuckDB store (store/schema.py).
+"""PostgreSQL schema, applied through the same migrations ledger as the DuckDB store (store/duckdb/schema.py).
 
 What differs from DuckDB: cursors are BIGINT with a CHECK >= 0 (PostgreSQL has no unsigned types);
 blobs are BYTEA; hashed bodies (the journal's canonical JSON) are TEXT, kept byte-exact, never jsonb
