@@ -379,13 +379,14 @@ def long_study(paths: Sequence[Path], chosen: Sequence[Variant], progress: bool 
     return results
 
 
-def markdown(results: Mapping[str, Any], metric: str = "ndcg@10") -> str:
+def markdown(results: Mapping[str, Any], metric: str = "ndcg@10",
+             command: str = "python -m studies.lexical_study") -> str:
     names = list(results["variants"])
     cols = list(results["collections"])
     has_mean = "locomo_mean" in results
     head = [c.replace("locomo/", "") for c in cols] + (["LoCoMo mean"] if has_mean else [])
     lines = [f"# Lexical channel vs standard BM25: {metric} by variant", "",
-             "Made by `python -m studies.lexical_study` (lexical only, no embeddings). "
+             f"Made by `{command}` (lexical only, no embeddings). "
              "Each variant changes one factor of the shipped channel unless its group says otherwise; "
              "`bm25s` is the `baseline` row of `engram-memory eval`. **Bold**: at or above `bm25s` on that "
              "collection.", "",
@@ -442,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = (long_study if args.long_queries else study)(paths, chosen, progress=not args.quiet)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (args.out / f"{stem}.md").write_text(markdown(results), encoding="utf-8")
+    command = "python -m studies.lexical_study" + (" --long-queries" if args.long_queries else "")
+    (args.out / f"{stem}.md").write_text(markdown(results, command=command), encoding="utf-8")
     print(f"wrote {args.out / stem}.md and {stem}.json", file=sys.stderr)
     return 0
 
