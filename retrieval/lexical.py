@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import re
 import struct
 import threading
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 FIELDS: tuple[str, ...] = ("primary", "decision", "evidence", "context", "citations")
 ID_FIELD = "id"
 TOKENIZER_NAME = "engram_en_stem_stop_v2"
+# The query side: how a term repeated in the query weighs (query_term_weight). The rank receipt names
+# analyzer and weighting together (RANKING_NAME), so a receipt re-derives with the same scores.
+QUERY_WEIGHTING = "qtf_sqrt"
+RANKING_NAME = f"{TOKENIZER_NAME}+{QUERY_WEIGHTING}"
 TOKENIZER_DESCRIPTION = ("tantivy simple + remove_long(40) + lowercase + stopwords(nltk english, 179) + "
                          "stemmer(english)")
 # NLTK's English stop words (179; bm25s.stopwords.STOPWORDS_EN_PLUS). Question words and auxiliaries
@@ -107,6 +112,7 @@ class LexicalConfig:
             "engine_version": TANTIVY_VERSION,
             "tokenizer": TOKENIZER_NAME,
             "tokenizer_description": TOKENIZER_DESCRIPTION,
+            "query_weighting": QUERY_WEIGHTING,
             "bm25": dict(BM25),
             "field_weights": self.weights(),
             "max_query_terms": self.max_query_terms,
@@ -155,18 +161,34 @@ def build_analyzer() -> tantivy.TextAnalyzer:
 _ANALYZER = build_analyzer()
 
 
-def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> list[str]:
-    """Distinct analyzed tokens of ``text`` (first ``max_terms`` by appearance), sorted."""
+def query_term_counts(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> dict[str, int]:
+    """Analyzed tokens of ``text`` -> times each occurs (first ``max_terms`` distinct by appearance), sorted."""
     if not isinstance(text, str):
         raise TypeError("query must be a string")
     safe = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> '?', dropped
-    seen: dict[str, None] = {}
+    seen: dict[str, int] = {}
     for token in _ANALYZER.analyze(safe):
-        if token not in seen:
-            seen[token] = None
-            if len(seen) >= max_terms:
-                break
-    return sorted(seen)
+        if token in seen:
+            seen[token] += 1
+        elif len(seen) < max_terms:
+            seen[token] = 1
+    return dict(sorted(seen.items()))
+
+
+def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> list[str]:
+    """Distinct analyzed tokens of ``text`` (first ``max_terms`` by appearance), sorted."""
+    return list(query_term_counts(text, max_terms))
+
+
+def query_term_weight(count: int) -> float:
+    """A query term's boost from the times it occurs in the query: sqrt(count).
+
+    A long, paragraph-like query restates its topic and wraps it in instructions; weighing every
+    distinct term once lets the instruction words count as much as the topic. bm25s counts every
+    repeat (weight = count), which over-weighs repeats in short queries (medline -0.021). The square
+    root sits between: studies/lexical-long-queries.md.
+    """
+    return math.sqrt(count)
 
 
 # A record id ("mem_" + base32 of a 32-byte digest) is also kept as four u64 fast-field words,
@@ -363,7 +385,7 @@ class LexicalIndex:
         cut scores strictly lower, so the answer never depends on tantivy's doc addresses.
         """
         limit = max(1, min(int(limit), MAX_LIMIT))
-        terms = self.query_terms(query)
+        terms = query_term_counts(query, self._config.max_query_terms)
         if not terms:
             return []
         with self._lock:
@@ -415,18 +437,19 @@ class LexicalIndex:
             raise LexicalIndexError("lexical index is closed")
         return self._writer
 
-    def _build_query(self, terms: list[str]) -> tantivy.Query:
+    def _build_query(self, terms: Mapping[str, int]) -> tantivy.Query:
         schema = self._index.schema
         clauses = [
             (
                 tantivy.Occur.Should,
                 tantivy.Query.boost_query(
-                    tantivy.Query.term_query(schema, name, term, index_option=INDEX_OPTION), weight
+                    tantivy.Query.term_query(schema, name, term, index_option=INDEX_OPTION),
+                    weight * query_term_weight(count),
                 ),
             )
             for name, weight in self._config.weights().items()
             if weight > 0.0
-            for term in terms
+            for term, count in terms.items()
         ]
         return tantivy.Query.boolean_query(clauses)
 

@@ -14,7 +14,7 @@ import tantivy
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.digests import receipt_digest
-from engram_memory.retrieval.lexical import TOKENIZER_NAME
+from engram_memory.retrieval.lexical import RANKING_NAME
 from engram_memory.retrieval.ranking import RankedHit
 
 PROFILE_VERSION = "1.0.0"
@@ -51,7 +51,7 @@ def channel_receipts(state: ChannelState) -> list[dict[str, Any]]:
             "engine_version": version,
             "index_kind": "bm25",
             "index_cursor": state.lexical_cursor or "0",
-            "analyzer": TOKENIZER_NAME,  # re-deriving a ranking needs the same tokens
+            "analyzer": RANKING_NAME,  # re-deriving a ranking needs the same tokens and query weights
         }
     ]
     sem: dict[str, Any] = {

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -68,6 +69,8 @@ class TantivySetup:
                                                                   "context": 1.0, "citations": 0.5})
     repeats: bool = False  # False: distinct query terms (query_terms); True: a term counts per occurrence
     max_query_terms: int = 1024
+    # query-term weight from its count c when ``repeats``: "count" (c, as bm25s), "log" (1 + ln c), "sqrt"
+    qtf: str = "count"
 
     def analyzer(self) -> Any:
         import tantivy
@@ -136,7 +139,10 @@ class TantivyRun:
             if token not in counts and len(counts) >= self.setup.max_query_terms:
                 continue
             counts[token] += 1
-        return counts if self.setup.repeats else Counter(dict.fromkeys(counts, 1))
+        if not self.setup.repeats:
+            return Counter(dict.fromkeys(counts, 1))
+        weigh = {"count": float, "log": lambda c: 1.0 + math.log(c), "sqrt": math.sqrt}[self.setup.qtf]
+        return Counter({t: weigh(c) for t, c in counts.items()})
 
     def search(self, text: str, depth: int = DEPTH) -> list[tuple[str, float]]:
         import tantivy
@@ -218,7 +224,8 @@ def _tantivy(setup: TantivySetup) -> Callable[[Collection], Run]:
 
 
 V1 = TantivySetup()  # the channel before stop words: every "one factor" variant below starts here
-NOW = TantivySetup(stopwords=STOPWORDS)  # the shipped channel (retrieval/lexical.py)
+NOW = TantivySetup(stopwords=STOPWORDS, repeats=True, qtf="sqrt")  # the shipped channel (retrieval/lexical.py)
+BEFORE_QTF = TantivySetup(stopwords=STOPWORDS)  # the channel before issue 24: distinct query terms, weight 1
 BM25S_ANALYZER = dict(tokenizer=r"\w\w+", stopwords=_stop("en"))  # bm25s' tokens in Tantivy
 
 
@@ -321,13 +328,65 @@ def study(paths: Sequence[Path], chosen: Sequence[Variant], progress: bool = Tru
     return results
 
 
-def markdown(results: Mapping[str, Any], metric: str = "ndcg@10") -> str:
+# -- long queries (issue 24 section 3): the development queries made long, no judgment used -------
+
+# A TREC-style narrative wraps the topic in instructions and restates it. "padded" does both; "boilerplate
+# once" only adds the instruction words, so the topic's own terms are not repeated.
+LONG_FORMS: dict[str, Callable[[str], str]] = {
+    "original": lambda q: q,
+    "padded": lambda q: (f"I am looking for documents that discuss the following. {q} Relevant documents must "
+                         f"mention {q} Documents that only mention the topic in passing are not relevant."),
+    "boilerplate once": lambda q: (f"I am looking for documents that discuss the following. {q} Documents that "
+                                   "only mention the topic in passing are not relevant."),
+}
+
+
+def long_variants() -> list[Variant]:
+    return [
+        Variant("bm25s", "reference", "the baseline row: bm25s, its own tie order", baseline.run_collection),
+        Variant("lexical before", "channel", "the channel before issue 24: distinct query terms, weight 1",
+                _tantivy(BEFORE_QTF)),
+        Variant("qtf count", "query", "a term repeated c times in the query weighs c (bm25s)",
+                _tantivy(TantivySetup(stopwords=STOPWORDS, repeats=True, qtf="count"))),
+        Variant("qtf 1 + ln c", "query", "a term repeated c times weighs 1 + ln c",
+                _tantivy(TantivySetup(stopwords=STOPWORDS, repeats=True, qtf="log"))),
+        Variant("qtf sqrt c (shipped)", "query", "a term repeated c times weighs sqrt(c): the channel now",
+                _tantivy(NOW)),
+        Variant("no citations field", "schema", "the shipped channel without the beir:<collection>:<id> field",
+                _tantivy(TantivySetup(stopwords=STOPWORDS, citations=False))),
+    ]
+
+
+def long_study(paths: Sequence[Path], chosen: Sequence[Variant], progress: bool = True) -> dict[str, Any]:
+    """``study`` over each collection with its queries rewritten by every LONG_FORMS form."""
+    results: dict[str, Any] = {"collections": {}, "variants": {v.name: {"group": v.group, "what": v.what}
+                                                               for v in chosen}}
+    for path in paths:
+        col = load_collection(path)
+        base = f"locomo/{col.name}" if path.parent.name == "locomo" else col.name
+        for form, rewrite in LONG_FORMS.items():
+            long_col = Collection(col.name, col.docs, {q: rewrite(t) for q, t in col.queries.items()}, col.qrels)
+            name = f"{base} ({form})"
+            row: dict[str, Any] = {"docs": len(col.docs), "queries": len(col.queries), "scores": {}}
+            for v in chosen:
+                row["scores"][v.name] = metrics.score(v.make(long_col), col.qrels, METRICS)
+                if progress:
+                    print(f"{name:>32} {v.name:<24} ndcg@10 {row['scores'][v.name]['ndcg@10']:.4f}",
+                          file=sys.stderr, flush=True)
+            row["max_distinct_query_terms"] = max((len(set(NOW.analyzer().analyze(q)))
+                                                   for q in long_col.queries.values()), default=0)
+            results["collections"][name] = row
+    return results
+
+
+def markdown(results: Mapping[str, Any], metric: str = "ndcg@10",
+             command: str = "python -m studies.lexical_study") -> str:
     names = list(results["variants"])
     cols = list(results["collections"])
     has_mean = "locomo_mean" in results
     head = [c.replace("locomo/", "") for c in cols] + (["LoCoMo mean"] if has_mean else [])
     lines = [f"# Lexical channel vs standard BM25: {metric} by variant", "",
-             "Made by `python -m studies.lexical_study` (lexical only, no embeddings). "
+             f"Made by `{command}` (lexical only, no embeddings). "
              "Each variant changes one factor of the shipped channel unless its group says otherwise; "
              "`bm25s` is the `baseline` row of `engram-memory eval`. **Bold**: at or above `bm25s` on that "
              "collection.", "",
@@ -361,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--collections", default="", help="comma-separated names to keep (e.g. medline,locomo-26)")
     parser.add_argument("--variants", default="", help="comma-separated variant names to keep")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--long-queries", action="store_true", help="the long-query study instead "
+                        "(issue 24): writes lexical-long-queries.md and .json")
     args = parser.parse_args(argv)
     why = baseline.unavailable()
     if why:
@@ -371,18 +432,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [p for p in paths if p.name in keep]
     if not paths:
         parser.exit(2, f"engram-memory: error: --data {args.data}: no development collection found\n")
-    chosen = variants()
+    chosen = long_variants() if args.long_queries else variants()
     if args.variants:
         keep = {n.strip() for n in args.variants.split(",") if n.strip()}
         unknown = keep - {v.name for v in chosen}
         if unknown:
             parser.exit(2, f"engram-memory: error: --variants: unknown {sorted(unknown)[0]!r}\n")
         chosen = [v for v in chosen if v.name in keep or v.name == "bm25s"]
-    results = study(paths, chosen, progress=not args.quiet)
+    stem = "lexical-long-queries" if args.long_queries else "lexical-study"
+    results = (long_study if args.long_queries else study)(paths, chosen, progress=not args.quiet)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lexical-study.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (args.out / "lexical-study.md").write_text(markdown(results), encoding="utf-8")
-    print(f"wrote {args.out / 'lexical-study.md'} and lexical-study.json", file=sys.stderr)
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    command = "python -m studies.lexical_study" + (" --long-queries" if args.long_queries else "")
+    (args.out / f"{stem}.md").write_text(markdown(results, command=command), encoding="utf-8")
+    print(f"wrote {args.out / stem}.md and {stem}.json", file=sys.stderr)
     return 0
 
 

@@ -62,7 +62,7 @@ def test_search_finds_ranks_and_receipts(engine: Engine) -> None:
     assert receipt["profile"] == "lexical_v1" and receipt["fusion"] == {"method": "none", "rerank": RERANK}
     lexical, semantic = receipt["channels"]
     assert lexical["engine"] == "tantivy" and lexical["contributed"] and lexical["index_cursor"] == "10"
-    assert lexical["analyzer"] == "engram_en_stem_stop_v2"
+    assert lexical["analyzer"] == "engram_en_stem_stop_v2+qtf_sqrt"
     assert semantic["contributed"] is False
     assert [r["record_id"] for r in receipt["ranked"]] == [p["record"]["record_id"] for p in value["records"]]
     assert receipt["ranked"][0]["lexical"]["rank"] == 1

@@ -7,6 +7,7 @@ ranks exactly as retrieval/lexical.py's LexicalIndex does; a changed weight must
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -58,3 +59,27 @@ def test_main_writes_the_table_and_the_json(tmp_path: Path) -> None:
     assert 0.8 < scores["lexical now"]["ndcg@10"] <= 1.0
     table = (out / "lexical-study.md").read_text()
     assert "| variant | group | medline |" in table and "| lexical now | reference |" in table
+
+
+def test_query_term_weightings_for_long_queries() -> None:
+    col = load_collection(SAMPLE)
+    text = "backup the backup of backups"
+    assert ls.TantivyRun(ls.TantivySetup(repeats=True, qtf="log"), col).terms(text)["backup"] == 1.0 + math.log(3)
+    assert ls.TantivyRun(ls.TantivySetup(repeats=True, qtf="sqrt"), col).terms(text)["backup"] == math.sqrt(3)
+    padded = ls.LONG_FORMS["padded"]("backup policy")
+    assert padded.count("backup policy") == 2 and "Relevant documents" in padded
+    assert ls.LONG_FORMS["boilerplate once"]("backup policy").count("backup policy") == 1
+
+
+def test_main_writes_the_long_query_study(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(SAMPLE, data / "medline")
+    out = tmp_path / "out"
+    assert ls.main(["--data", str(data), "--out", str(out), "--long-queries", "--variants", "lexical before",
+                    "--quiet"]) == 0
+    results = json.loads((out / "lexical-long-queries.json").read_text())
+    assert list(results["collections"]) == [f"medline ({form})" for form in ls.LONG_FORMS]
+    scores = {c: r["scores"]["lexical before"]["ndcg@10"] for c, r in results["collections"].items()}
+    assert scores["medline (original)"] != scores["medline (padded)"]  # the forms change the queries
+    table = (out / "lexical-long-queries.md").read_text()
+    assert "| variant | group | medline (original) | medline (padded) |" in table

@@ -17,6 +17,7 @@ from engram_memory.retrieval.lexical import (
     LexicalDoc,
     LexicalIndex,
     LexicalIndexError,
+    query_term_counts,
     query_terms,
 )
 from tests.retrieval_fixtures import files_containing
@@ -99,6 +100,19 @@ def test_token_edge_cases(index: LexicalIndex) -> None:
     assert [rid for rid, _ in index.search("the CATS", 5)] == ["en"]
     assert query_terms("Running runs RUN") == ["run"]  # deduplicated, stemmed, sorted
     assert len(query_terms(" ".join(f"t{i}" for i in range(5000)))) == REFERENCE_PROFILE.max_query_terms
+
+
+def test_a_repeated_query_term_weighs_the_square_root_of_its_count(index: LexicalIndex) -> None:
+    assert query_term_counts("backup the backups, then BACKUP again") == {"backup": 3}
+    index.upsert([doc("a", context="backup tape"), doc("b", context="restore tape")])
+    once = dict(index.search("backup tape", 5))
+    thrice = dict(index.search("backup backup backup tape", 5))
+    # only the repeated term's contribution grows, by sqrt(3): b (tape only) keeps its score
+    assert thrice["b"] == pytest.approx(once["b"])
+    backup_once = once["a"] - once["b"]
+    assert thrice["a"] - thrice["b"] == pytest.approx(backup_once * 3 ** 0.5, rel=1e-4)
+    # the max_query_terms cap counts distinct terms; repeats of a kept term still count
+    assert query_term_counts("a1 b2 a1 c3 a1", 2) == {"a1": 3, "b2": 1}
 
 
 def test_limit_is_clamped(index: LexicalIndex) -> None:
