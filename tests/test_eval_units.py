@@ -10,6 +10,7 @@ import pytest
 from engram_memory.eval.beir import Collection, Doc, load_collection, subset, truncate_utf8
 from engram_memory.eval.ingest import admission_args, capture_args, store_key, validated
 from engram_memory.eval.metrics import METRICS, score, write_trec
+from engram_memory.models.settings import EngineSettings
 from engram_memory.models.tools import to_plain
 
 
@@ -100,3 +101,17 @@ def test_metrics_follow_the_engine_order_not_tied_scores(tmp_path: Path) -> None
     write_trec(tmp_path / "r.trec", run, "tag")
     lines = (tmp_path / "r.trec").read_text().splitlines()
     assert lines[0].split() == ["q1", "Q0", "a", "1", "0.5", "tag"] and len(lines) == 5
+
+
+def test_the_harness_types_a_locomo_turn_as_a_turn_and_a_document_as_a_note() -> None:
+    """As a host, the harness marks LoCoMo turns (a title naming the session's time) with the engine's
+    turn type, so the rerank stage treats them as turns, and documents with another type."""
+    turn = Doc("D1:3", "session 1, 1:56 pm on 8 May, 2023", "Caroline: I went to a LGBTQ support group yesterday.")
+    abstract = Doc("4983", "Microstructural development of human newborn cerebral white matter", "Alterations ...")
+    turn_types = EngineSettings().turn_types  # the setting's default
+
+    def event(dataset: str, doc: Doc) -> dict[str, str]:
+        return to_plain(validated("capture", capture_args(dataset, doc)))["payload"]["primary_event"]
+
+    assert event("locomo-26", turn)["type_ref"] in turn_types
+    assert event("scifact", abstract)["type_ref"] not in turn_types
