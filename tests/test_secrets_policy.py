@@ -264,10 +264,24 @@ ISSUE_BENIGN = ["Login flow: user/pass then TOTP.", "Set the session cookie to S
                 "PIN endocytosis regulates auxin transport", "the key insight is that latency is dominated by DNS"]
 
 
-def test_the_frozen_corpus_is_the_one_written_before_the_rules() -> None:
+HELDOUT_SHA256 = "e9650b291cafeffbcd29f699aef8598e16d7a84a3e78dc7d95c633c77d42376a"
+
+
+def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     import hashlib
 
     assert hashlib.sha256(secrets_eval.FROZEN.read_bytes()).hexdigest() == FROZEN_SHA256  # never edited to fit
+    assert hashlib.sha256(secrets_eval.HELDOUT.read_bytes()).hexdigest() == HELDOUT_SHA256
+
+
+def test_the_held_out_corpus_keeps_its_measured_floor() -> None:
+    """558 sentences written by another engineer and never looked at while the statement rules were
+    written: recall 0.812, false-positive rate 0.007 when first run (issue 24's target, 0.98 / 0.02,
+    is NOT met on it). A floor, so a change that loses ground on unseen phrasing fails here."""
+    examples = secrets_eval.load_corpus(secrets_eval.HELDOUT)
+    assert len(examples) == 558
+    result = secrets_eval.score_policy(examples, "held-out")
+    assert result.recall >= 0.80 and result.fpr <= 0.01, (result.recall, result.fpr)
 
 
 def test_the_frozen_corpus_meets_the_targets() -> None:
