@@ -91,7 +91,7 @@ def _pair(scope_ref: str) -> str:
 def _closed_store(data_dir: Path, scope_ref: str | None = None) -> list[str]:
     """Check that ``data_dir`` holds a store no other process holds (and the scope, if given);
     read-only, nothing created. Returns the store's scopes."""
-    from engram_memory.store.db import StoreBusyError
+    from engram_memory.store.backend import StoreBusyError
     from engram_memory.store.rebuild import NoStoreError, existing_scopes
     from engram_memory.store.refusals import STORE_BUSY
 

@@ -77,7 +77,7 @@ def rebuild_index_cmd(
     target = data_dir or default_data_dir()
 
     # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).
-    from engram_memory.store.db import StoreBusyError
+    from engram_memory.store.backend import StoreBusyError
     from engram_memory.store.rebuild import NoStoreError, UnknownScopeError, rebuild_index
     from engram_memory.store.refusals import STORE_BUSY
 

@@ -50,7 +50,7 @@ from engram_memory.server.dispatch import (
 from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
 from engram_memory.server.local import LocalKey, connect_owner, read_local_key
 from engram_memory.server.tools import MUTATING
-from engram_memory.store.db import StoreBusyError
+from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.engine import Engine
 
 log = logging.getLogger("engram_memory.server")

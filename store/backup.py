@@ -50,7 +50,7 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
-from engram_memory.store.db import held_if_present, inspect_stopped
+from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 

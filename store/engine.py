@@ -49,7 +49,7 @@ from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import Store, StoreBusyError
 from engram_memory.store.crypto import KeyStore, open_sealed, seal
-from engram_memory.store.db import Database
+from engram_memory.store.duckdb.backend import Database
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.reads import ReadPath, SearchPlan

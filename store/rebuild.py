@@ -24,14 +24,14 @@ from rich.progress import Progress
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
-from engram_memory.store.db import StoreBusyError
+from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.duckdb import stopped
 from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.engine import Engine
 from engram_memory.store.lifecycle import lexical_fields
 
 PROBES = 200
-LOCK_FILE = ".lock"  # store.db.Database's advisory lock
+LOCK_FILE = ".lock"  # store/duckdb/backend.py Database's advisory lock
 
 
 class NoStoreError(ValueError):

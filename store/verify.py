@@ -37,8 +37,9 @@ import numpy as np
 from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_digest, record_id_from_digest
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
+from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.crypto import KeyStore, open_sealed
-from engram_memory.store.db import StoreBusyError, held_if_present
+from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
 from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes

@@ -201,7 +201,7 @@ async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_d
         assert conflict["error"]["code"] == "DIGEST_CONFLICT"
 
     # Every envelope was recorded in the audit trail under its auditId; the raw key never was.
-    from engram_memory.store.db import Database
+    from engram_memory.store.duckdb.backend import Database
 
     db = Database(data_dir)
     try:

@@ -10,8 +10,9 @@ import pytest
 from engram_memory.models.context import HostPolicy
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
+from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.crypto import KeyStore
-from engram_memory.store.db import Database, StoreBusyError
+from engram_memory.store.duckdb.backend import Database
 from engram_memory.store.lifecycle import Lifecycle
 from tests.store_fixtures import T0, admission_args, capture_args, ctx, forget_args, withdraw_args
 
@@ -256,7 +257,8 @@ def test_second_process_refused(tmp_path: Path) -> None:
     h = Harness(tmp_path / "busy")
     try:
         code = (
-            "import sys; from pathlib import Path; from engram_memory.store.db import Database, StoreBusyError\n"
+            "import sys; from pathlib import Path; from engram_memory.store.backend import StoreBusyError\n"
+            "from engram_memory.store.duckdb.backend import Database\n"
             "try:\n    Database(Path(sys.argv[1]))\nexcept StoreBusyError as e:\n    print('busy'); sys.exit(3)\n"
         )
         proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "busy")], capture_output=True, text=True,

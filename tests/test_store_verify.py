@@ -13,7 +13,7 @@ import pytest
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalIndex
 from engram_memory.retrieval.projections import scope_dirname
-from engram_memory.store.db import StoreBusyError
+from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.engine import Engine
 from engram_memory.store.rebuild import NoStoreError
 from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
