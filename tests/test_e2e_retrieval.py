@@ -575,3 +575,44 @@ async def test_conversation_turns_are_reranked_by_speaker_and_neighbours_over_mc
     order_on, order_off = [ids.index(r) for r in ids_of(on)], [ids.index(r) for r in ids_of(off)]
     assert order_off[:2] == [1, 0] and order_on[0] == 1 and order_on.index(0) > 1  # "Thanks, Caroline!" drops
     assert ids_of(why)[0] == ids[3]  # her own answer leads
+
+
+async def test_topic_notes_rank_exactly_as_fused_over_mcp(start_server, data_dir_factory) -> None:
+    """Issue 24: notes opening "Postgres:" are topics, not speakers. Through the stdio server, the
+    ranking with the stage equals the ranking of the same store served with --no-rerank."""
+    from tests.test_engine_rerank import NOTES
+
+    data_dir = data_dir_factory("topic-notes")
+    query = "Which Postgres version do we run?"
+    async with start_server(data_dir) as mcp:
+        for i, text in enumerate(NOTES):  # a minute apart, typed as notes (event:decided)
+            args = capture_args(text, key=key(f"note{i}"), at=FROZEN_VALID_T + i * 60_000)
+            cap = await mcp.call("capture", args)
+            adm = await mcp.call("request_admission", {"candidate_id": cap["output"]["value"]["candidate_id"],
+                                                       "idempotency_key": key(f"note-admit{i}")})
+            assert adm["output"]["value"]["outcome"]["status"] == "accepted", adm
+        on, _ = await hybrid_when_ready(mcp, query)
+    async with start_server(data_dir, extra=["--no-rerank"]) as mcp:
+        off, _ = await hybrid_when_ready(mcp, query)
+    assert on["output"]["value"]["rank_receipt"]["fusion"]["rerank"] == RERANK  # the stage ran
+    shown = [(p["record"]["record_id"], p["score"]) for p in on["output"]["value"]["records"]]
+    assert shown == [(p["record"]["record_id"], p["score"]) for p in off["output"]["value"]["records"]]
+    assert on["output"]["value"]["records"][0]["record"]["components"][0]["text"] == NOTES[3]  # the answer
+
+
+async def test_credentials_stated_in_prose_are_rejected_over_mcp(start_server, data_dir_factory) -> None:
+    """Issue 24: a credential said in a sentence, in any of the four languages, is rejected by the
+    admission policy through the real server; talk about a password is admitted."""
+    async with start_server(data_dir_factory("prose-secrets"), extra=["--no-semantic"]) as mcp:
+        for i, (text, status) in enumerate([("the wifi password is sunflower", "rejected"),
+                                            ("das WLAN-Passwort ist Sonnenblume", "rejected"),
+                                            ("Netflix: jane@x.com / Netflix2023!", "rejected"),
+                                            ("Login flow: user/pass then TOTP.", "accepted"),
+                                            ("the password is wrong, ask IT to reset it", "accepted")]):
+            cap = await mcp.call("capture", capture_args(text, key=key(f"prose{i}")))
+            assert cap["ok"], cap
+            adm = await mcp.call("request_admission", {"candidate_id": cap["output"]["value"]["candidate_id"],
+                                                       "idempotency_key": key(f"prose-admit{i}")})
+            assert adm["output"]["value"]["outcome"]["status"] == status, (text, adm)
+        found = await mcp.call("search", search_args("wifi password sunflower"))
+        assert "sunflower" not in json.dumps(found["output"]["value"]["records"])
