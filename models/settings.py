@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,6 +18,8 @@ from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, 
 from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, FusionMethod
 
 Channel = Literal["lexical", "semantic"]
+EmbedderRuntime = Literal["onnx", "torch"]  # what runs the embedding model (retrieval/embedder.py)
+EMBEDDER_RUNTIMES: tuple[str, ...] = get_args(EmbedderRuntime)
 CHANNELS: tuple[Channel, ...] = ("lexical", "semantic")
 _POLICY_DEFAULTS = HostPolicy()
 
@@ -64,7 +66,7 @@ class EngineSettings(BaseModel):
         default=ENCODE_THREADS,
         description="Intra-op threads for embedding (1: concurrent searches each use a core).",
     )
-    embedder_runtime: Literal["onnx", "torch"] = Field(
+    embedder_runtime: EmbedderRuntime = Field(
         default="onnx",
         description="What runs the embedding model: onnx (ONNX Runtime, exported once per model) or torch.",
     )

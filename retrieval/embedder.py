@@ -31,6 +31,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from engram_memory.models.settings import EMBEDDER_RUNTIMES
+
 log = logging.getLogger(__name__)
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -156,9 +158,6 @@ def load_sentence_transformer(path: Path) -> Any:
         return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
 
-RUNTIMES = ("onnx", "torch")
-
-
 def torch_runtime() -> str:
     import torch
 
@@ -175,8 +174,8 @@ class Embedder:
 
     def __init__(self, model_path: Path | None = None, threads: int | None = None, runtime: str = "onnx",
                  cache_dir: Path | None = None) -> None:
-        if runtime not in RUNTIMES:
-            raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}")
+        if runtime not in EMBEDDER_RUNTIMES:
+            raise ValueError(f"runtime must be one of {', '.join(EMBEDDER_RUNTIMES)}")
         self._path = Path(model_path) if model_path is not None else packaged_model_path()
         self._threads = threads  # intra-op threads (None: the runtime's default, every core)
         self._wanted = runtime

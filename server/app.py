@@ -105,6 +105,11 @@ def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispat
     return Dispatcher(engine, SignedBinder(ring, wording=wording(cfg)), limiter_for(cfg))
 
 
+def signed_server(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Server[Any]:
+    """The MCP server of the TCP listener and of the owner socket alike."""
+    return build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic))
+
+
 def limiter_for(cfg: ServeConfig) -> RateLimiter:
     return RateLimiter(cfg.rate_limit, cfg.rate_burst)
 
@@ -162,8 +167,7 @@ async def owner_socket(cfg: ServeConfig, engine: Engine, *, task_status: TaskSta
     """The owner's Unix socket: other local launches' calls, each under its signed context."""
     key = ensure_local_key(Path(cfg.data_dir))
     ring = local_ring(key)
-    server = build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic))
-    app = signed_http_app(server, ring, bind_host="127.0.0.1",
+    app = signed_http_app(signed_server(cfg, engine, ring), ring, bind_host="127.0.0.1",
                           remote=False, extra_routes=admin_routes(engine))  # host-only: never on TCP
     path = socket_path(Path(cfg.data_dir))
     try:
@@ -200,7 +204,7 @@ async def _serve_http(cfg: ServeConfig, listener: socket.socket) -> None:
     bind_host, port = cfg.http_address
     engine = await anyio.to_thread.run_sync(open_engine, cfg)
     try:
-        app = signed_http_app(build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic)), ring,
+        app = signed_http_app(signed_server(cfg, engine, ring), ring,
                               bind_host=bind_host, remote=cfg.allow_remote)
         if cfg.allow_remote and bind_host not in LOOPBACK_HOSTS:
             log.warning("binding %s beyond loopback: TLS must terminate in front of this server", bind_host)
