@@ -38,7 +38,18 @@ class EngineSettings(BaseModel):
     # use_enum_values: ``fusion`` holds the plain string ("convex"), exactly what receipts write.
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=True, validate_default=True)
 
-    data_dir: Path = Field(default_factory=default_data_dir, description="Store directory (one server at a time).")
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Store directory (one server at a time); with --store, this node's projections only.",
+    )
+    store: str | None = Field(
+        default=None,
+        description="PostgreSQL store shared by several nodes: postgresql://USER@HOST:PORT/DB (no password in"
+        " it: PGPASSWORD, ~/.pgpass or a service file). Absent: DuckDB in the data dir.",
+    )
+    master_key_file: Path | None = Field(
+        default=None, description="The PostgreSQL store's master key file (from admin init-store)."
+    )
     model_path: Path | None = Field(default=None, description="Local embedding model directory.")
     semantic: bool = Field(default=True, description="Load the embedding model (semantic channel).")
     fusion: FusionMethod = Field(
@@ -96,6 +107,10 @@ class EngineSettings(BaseModel):
             raise ValueError("record_id can never be redacted")
         if self.hnsw_threshold < 1:
             raise ValueError("hnsw_threshold must be at least 1")
+        if self.store is not None and self.master_key_file is None:
+            raise ValueError("--store needs --master-key-file FILE (written by: engram-memory admin init-store)")
+        if self.store is None and self.master_key_file is not None:
+            raise ValueError("--master-key-file applies to a PostgreSQL store only (--store URL)")
         return self
 
     def host_policy(self) -> HostPolicy:

@@ -372,3 +372,47 @@ def rotate_cmd(data_dir: DataDir = None, json_out: JsonOut = False) -> None:
     _emit(json_out, {"data_dir": str(target), "rewrapped": count, "old_master_key": "destroyed"},
           lambda: f"rotated the master key of {target}: {count} data key(s) re-wrapped; the old master key"
                   " is destroyed")
+
+
+# -- a PostgreSQL store -------------------------------------------------------------------------
+
+StoreUrl = Annotated[str, typer.Option(
+    "--store", envvar="ENGRAM_STORE", show_envvar=False,
+    help="PostgreSQL store URL: postgresql://USER@HOST:PORT/DB (password from PGPASSWORD or ~/.pgpass).")]
+
+
+def _store_url(text: str) -> str:
+    from engram_memory.store.postgres.url import check_store_url
+
+    try:
+        return check_store_url(text)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+@admin_app.command("init-store")
+def init_store_cmd(
+    store: StoreUrl,
+    master_key_out: Annotated[Path, typer.Option(
+        "--master-key-out", help="Where to write the new master key (0600); every node is started with it.")],
+    json_out: JsonOut = False,
+) -> None:
+    """Create the schema of an empty PostgreSQL store and a new master key file for it."""
+    url = _store_url(store)
+    from engram_memory.store.backend import StoreRefused
+    from engram_memory.store.keyfile import new_key_file
+
+    try:
+        with new_key_file(master_key_out) as key:
+            from engram_memory.store.postgres.backend import init_store
+
+            store_id = init_store(url, key)
+    except FileExistsError:
+        raise _fail(f"{master_key_out} already exists; a master key is never overwritten") from None
+    except OSError as exc:
+        raise _fail(f"cannot write {master_key_out}: {exc.strerror or exc}") from None
+    except StoreRefused as exc:
+        raise _refuse("STORE_REFUSED", str(exc)) from None
+    _emit(json_out, {"store_id": store_id, "master_key_file": str(master_key_out)},
+          lambda: f"initialised PostgreSQL store {store_id}; its master key is in {master_key_out}"
+                  " (start every node with --master-key-file pointing at a copy of it)")

@@ -102,7 +102,8 @@ def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: Confirmatio
 
 def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispatcher:
     """HTTP and the local socket: each call carries a context signed by a host in ``ring``."""
-    return Dispatcher(engine, SignedBinder(ring, wording=wording(cfg)), limiter_for(cfg))
+    return Dispatcher(engine, SignedBinder(ring, wording=wording(cfg), replay=engine.db.replay_guard()),
+                      limiter_for(cfg))
 
 
 def signed_server(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Server[Any]:

@@ -46,6 +46,7 @@ from engram_memory.server.config import ConfigError
 from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
 from engram_memory.server.hostkeys import HostKeys, load_host_keys
 from engram_memory.server.tools import ToolRegistry
+from engram_memory.store.backend import ReplayGuard
 
 log = logging.getLogger("engram_memory.server")
 
@@ -135,12 +136,15 @@ class SignedBinder:
     """Per-call contexts and confirmations signed by a host in the key ring."""
 
     def __init__(self, ring: KeyRing, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic, wording: Wording = Wording()) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, wording: Wording = Wording(),
+                 replay: ReplayGuard | None = None) -> None:
         self.ring = ring
         self.wording = wording
         self.clock = clock
         self.monotonic = monotonic
-        self._contexts = ReplayCache()
+        # Contexts: the store's guard (shared by every node of a PostgreSQL store). Confirmations
+        # answer a challenge only the issuing node holds, so its memory is enough.
+        self._contexts: ReplayGuard = replay if replay is not None else ReplayCache()
         self._confirmations = ReplayCache()
         self._lock = threading.Lock()
 

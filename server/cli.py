@@ -83,6 +83,8 @@ def _opt(key: str, *decls: str) -> Any:
 # environment, the TOML file and finally the model's default apply (server/config.py).
 def serve(
     data_dir: Annotated[Path | None, _opt("data_dir", "--data-dir")] = None,
+    store: Annotated[str | None, _opt("store")] = None,
+    master_key_file: Annotated[Path | None, _opt("master_key_file", "--master-key-file")] = None,
     tenant: Annotated[str | None, _opt("tenant")] = None,
     workspace: Annotated[str | None, _opt("workspace")] = None,
     principal: Annotated[str | None, _opt("principal")] = None,
@@ -140,6 +142,7 @@ def serve(
 
     from engram_memory.server.app import finish, serve_http, serve_stdio
     from engram_memory.server.relay import OwnerUnavailable
+    from engram_memory.store.backend import StoreRefused
     from engram_memory.store.engine import StoreBusyError
 
     try:
@@ -154,6 +157,8 @@ def serve(
         # Raised inside the transport's task group, it may arrive wrapped in an ExceptionGroup.
         if _contains(exc, StoreBusyError):
             raise _fail(f"data dir {cfg.data_dir} is in use by another engram-memory process") from None
+        if (refused := _find(exc, StoreRefused)) is not None:
+            raise _fail(str(refused)) from None
         if _contains(exc, OwnerUnavailable):
             raise _fail(f"data dir {cfg.data_dir} is owned by a process that does not answer") from None
         raise
@@ -161,6 +166,8 @@ def serve(
 
 def daemon(
     data_dir: Annotated[Path | None, _opt("data_dir", "--data-dir")] = None,
+    store: Annotated[str | None, _opt("store")] = None,
+    master_key_file: Annotated[Path | None, _opt("master_key_file", "--master-key-file")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file with the serve keys (engine options apply).")] = None,
     model_path: Annotated[Path | None, _opt("model_path", "--model-path")] = None,
     semantic: Annotated[bool | None, _opt("semantic", "--semantic/--no-semantic")] = None,
@@ -168,7 +175,8 @@ def daemon(
 ) -> None:
     """Own the data dir for local stdio hosts (each `serve` on it relays here) until stopped."""
     _setup_logging(log_level)
-    flags = {"data_dir": data_dir, "model_path": model_path, "semantic": semantic}
+    flags = {"data_dir": data_dir, "store": store, "master_key_file": master_key_file, "model_path": model_path,
+             "semantic": semantic}
     try:
         cfg = load_config(flags, config)
         cfg.preflight()
@@ -177,6 +185,7 @@ def daemon(
     import anyio
 
     from engram_memory.server.app import finish, serve_daemon
+    from engram_memory.store.backend import StoreRefused
     from engram_memory.store.engine import StoreBusyError
 
     try:
@@ -187,7 +196,17 @@ def daemon(
     except Exception as exc:
         if _contains(exc, StoreBusyError):
             raise _fail(f"data dir {cfg.data_dir} is in use by another engram-memory process") from None
+        if (refused := _find(exc, StoreRefused)) is not None:
+            raise _fail(str(refused)) from None
         raise
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        return next((found for e in exc.exceptions if (found := _find(e, kind)) is not None), None)
+    return None
 
 
 def _contains(exc: BaseException, kind: type[BaseException]) -> bool:

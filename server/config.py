@@ -153,6 +153,10 @@ class ServeSettings(BaseSettings, EngineSettings):
                     "--http binds the context per call (signed by the host); remove the launch-bound "
                     + ", ".join(bound)
                 )
+        if self.store is not None:
+            from engram_memory.store.postgres.url import check_store_url
+
+            check_store_url(self.store)  # a password in it is refused; the message never repeats it
         if self.purpose_ref:
             try:
                 size = utf8_len(self.purpose_ref)
@@ -212,6 +216,13 @@ class ServeSettings(BaseSettings, EngineSettings):
                 pass
         except OSError as exc:
             raise ConfigError(f"data_dir {data_dir} is not usable: {exc.strerror or exc}") from None
+        if self.master_key_file is not None:
+            from engram_memory.store.opening import MasterKeyError, read_master_key
+
+            try:
+                read_master_key(Path(self.master_key_file))
+            except MasterKeyError as exc:
+                raise ConfigError(str(exc)) from None
         if self.semantic and self.model_path is not None:
             model = Path(self.model_path)
             if not model.is_dir():

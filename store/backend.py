@@ -16,7 +16,7 @@ Contracts a backend must keep (the single-writer assumptions made explicit):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,11 @@ from typing import Any, Protocol
 
 class StoreError(RuntimeError):
     """The store failed (I/O, constraint, lost connection): STORE_UNAVAILABLE to a caller."""
+
+
+class StoreRefused(StoreError):
+    """The store cannot be served as launched (not initialised, another master key, unreachable):
+    one line for the operator, who must fix the launch (exit 2)."""
 
 
 class StoreBusyError(RuntimeError):
@@ -135,6 +140,15 @@ class SealedRecord:
 
 
 @dataclass(frozen=True)
+class JournalChange:
+    """One journal event that changed what the projections hold (another node's, on a shared store)."""
+
+    cursor: int
+    operation: str  # accept (a record added), tombstone or expire (a record removed)
+    record_id: str
+
+
+@dataclass(frozen=True)
 class LiveWindow:
     """What a scope view keeps of a current record (store/live.py), undecrypted."""
 
@@ -147,6 +161,29 @@ class LiveWindow:
 
 
 # -- the protocols -------------------------------------------------------------------------
+
+
+class KeyRing(Protocol):
+    """Data keys wrapped by the master key, one per candidate or record (store/crypto.py says how
+    they are used); destroying one crypto-shreds everything sealed with it."""
+
+    server_secret: bytes  # authenticates page cursors: the same on every node of a store
+
+    def create(self) -> tuple[str, bytes]: ...
+
+    def load(self, key_ref: str) -> bytes | None: ...
+
+    def destroy(self, key_ref: str) -> bool: ...
+
+    def key_refs(self) -> list[str]: ...
+
+    def sweep_orphans(self, referenced: set[str]) -> int: ...
+
+
+class ReplayGuard(Protocol):
+    """Each signed context's (kid, jti) is accepted once until it expires (models/hostauth.py)."""
+
+    def claim(self, kid: str, jti: str, exp: int, now: float) -> bool: ...
 
 
 class UnitOfWork(Protocol):
@@ -188,6 +225,8 @@ class UnitOfWork(Protocol):
 
     def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]: ...
 
+    def due_expiries(self, scope_ref: str, states: Sequence[str], now_ms: int) -> list[DueExpiry]: ...
+
     def insert_embeddings(self, rows: Sequence[tuple[str, str | None, str, bytes]]) -> None: ...
 
 
@@ -195,8 +234,15 @@ class Store(Protocol):
     """The store as the engine sees it: transactions, reads, and the few store-wide values."""
 
     storage_epoch: str
+    # True when other processes write the same store (PostgreSQL nodes): the engine then checks the
+    # shared journal before it trusts its own projections and views (Engine._sync).
+    shared: bool
 
     def close(self) -> None: ...
+
+    def key_ring(self) -> KeyRing: ...
+
+    def replay_guard(self) -> ReplayGuard: ...
 
     def transaction(self) -> AbstractContextManager[UnitOfWork]: ...
 
@@ -229,6 +275,8 @@ class Store(Protocol):
 
     def verify_journal(self, scope_ref: str) -> bool: ...
 
+    def journal_changes(self, scope_ref: str, after: int, through: int) -> list[JournalChange]: ...
+
     # records (sealed; the caller decrypts)
     def referenced_keys(self) -> set[str]: ...
 
@@ -248,6 +296,23 @@ class Store(Protocol):
     def stored_embedding_count(self, scope_ref: str, state: str, model_digest: str | None) -> int: ...
 
     def embedding_count(self, record_id: str | None = None) -> int: ...
+
+    def embeddings_of(self, record_ids: Sequence[str], model_digest: str | None) -> dict[str, tuple[str, bytes]]:
+        """Some records' stored embeddings: record_id -> (key_ref, sealed vector), forgotten ones left out."""
+        ...
+
+    # the nodes of a shared store (a single-process store has one node: itself, always level)
+    def acknowledge(self, scope_ref: str, cursor: int) -> None:
+        """This node's projections of the scope reflect the journal through ``cursor``."""
+        ...
+
+    def watch(self, on_change: Callable[[str], None]) -> None:
+        """Call ``on_change(scope_ref)`` (from a background thread) when another node changes a scope."""
+        ...
+
+    def unacknowledged(self, scope_ref: str, cursor: int) -> int:
+        """How many live nodes' projections of the scope are still behind ``cursor``."""
+        ...
 
     # identity and copies (backup)
     def store_id(self) -> str: ...

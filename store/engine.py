@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,10 +49,10 @@ from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import Store, StoreBusyError
-from engram_memory.store.crypto import KeyStore, open_sealed, seal
-from engram_memory.store.duckdb.backend import Database
+from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
+from engram_memory.store.opening import open_store
 from engram_memory.store.reads import ReadPath, SearchPlan
 from engram_memory.store.rwlock import RWLock
 from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_instant
@@ -60,6 +61,8 @@ __all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
 log = logging.getLogger("engram.engine")
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
+CATCH_UP_EVENTS = 5000  # a node further behind its scope's journal rebuilds the scope instead
+ACK_WAIT_S = 2.0  # how long a forget waits for the other live nodes to acknowledge their purge
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class Engine:
         self.db = db
         self.audit = AuditWriter(db)
         self.clock = clock or default_clock()
-        self.keys = KeyStore(config.data_dir)
+        self.keys = db.key_ring()
         self.policy = config.host_policy()
         self.lifecycle = Lifecycle(db, self.keys, self.policy)
         self.fusion = FusionConfig(
@@ -131,7 +134,12 @@ class Engine:
 
         ``clock`` (epoch ms; default the wall clock or ENGRAM_CLOCK_MS) and ``lexical`` (per-field
         BM25 boosts) are run-time choices of tests and the evaluation harness, not settings."""
-        engine = cls(settings, Database(settings.data_dir), clock=clock, lexical=lexical)
+        db = open_store(settings)
+        try:
+            engine = cls(settings, db, clock=clock, lexical=lexical)
+        except BaseException:
+            db.close()
+            raise
         engine.recover()
         return engine
 
@@ -141,7 +149,8 @@ class Engine:
             self._views.clear()
             self.audit.close()
             self.projections.close()
-            self.db.close()
+        # Outside the lock: closing joins the store's watcher, which may be waiting for it.
+        self.db.close()
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -152,13 +161,15 @@ class Engine:
             swept = self.keys.sweep_orphans(referenced)
             if swept:
                 log.info("destroyed %d orphan data keys", swept)
-            # An orphan the sweep could not destroy is retried before any pending answer completes.
-            self.lifecycle.pending_keys.update(
-                ref for ref in ("local:key-" + p.name for p in self.keys.dir.iterdir()) if ref not in referenced)
+            # An orphan the sweep could not destroy is retried before any pending answer completes
+            # (on a shared store, an unreferenced key may be another node's open mutation's).
+            if not self.db.shared:
+                self.lifecycle.pending_keys.update(ref for ref in self.keys.key_refs() if ref not in referenced)
             # Projections that lag the journal are rebuilt lazily, on the scope's next use, so a
-            # server answers initialize at once even after a crash.
+            # server answers initialize at once even after a crash. (A node of a shared store
+            # catches up from the journal instead: Engine._sync.)
             for scope_ref, projection_cursor in self.db.projection_cursors().items():
-                if self.projections.lexical(scope_ref).cursor != str(projection_cursor):
+                if self.projections.lexical(scope_ref).cursor != str(projection_cursor) and not self.db.shared:
                     self._stale.add(scope_ref)
             # A forget that answered "pending" (a purge that failed, or a crash before it ran)
             # may have left the record in any projection file: rebuild, then complete it.
@@ -168,6 +179,7 @@ class Engine:
                     self._stale.add(scope_ref)
         if self.embedder is not None:
             threading.Thread(target=self._semantic_loader, name="engram-semantic", daemon=True).start()
+        self.db.watch(self._changed_elsewhere)
 
     # -- what maintenance and evaluation read (public, no SQL outside store/) -------------
 
@@ -210,10 +222,15 @@ class Engine:
 
     def rebuild_scope(self, scope_ref: str) -> None:
         with self._rw.write():
+            # The cursor first: on a shared store other nodes may commit while the records are
+            # read, and the next sync re-applies what came after it (upserts and deletes are
+            # idempotent).
+            cursor = self.db.projection_cursor(scope_ref)
             records = self.live_records(scope_ref)
             docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
-            self.projections.rebuild(scope_ref, docs, self.stored_vectors(scope_ref),
-                                     self.db.projection_cursor(scope_ref))
+            self.projections.rebuild(scope_ref, docs, self.stored_vectors(scope_ref), cursor)
+            self._views.drop(scope_ref)
+            self.db.acknowledge(scope_ref, cursor)
 
     # -- semantic channel ----------------------------------------------------------------
 
@@ -368,8 +385,10 @@ class Engine:
         return found
 
     def _prepare_read(self, scope_ref: str, now: int) -> None:
-        """Before a read: rebuild a stale scope, load its view, run a due expiry sweep (writes)."""
-        if scope_ref not in self._stale and scope_ref not in self._pending \
+        """Before a read: rebuild a stale scope, load its view, run a due expiry sweep (writes).
+        On a shared store, first bring the scope level with what other nodes committed."""
+        behind = self.db.shared and self._applied(scope_ref) != self.db.projection_cursor(scope_ref)
+        if not behind and scope_ref not in self._stale and scope_ref not in self._pending \
                 and self._views.get(scope_ref) is not None and not self._views.expiry_due(scope_ref, now):
             return
         with self._rw.write():
@@ -380,6 +399,9 @@ class Engine:
 
     def _expire(self, scope_ref: str, now: int) -> None:
         expired = self.lifecycle.expire_due(scope_ref, now)
+        if self.db.shared:
+            self._sync(scope_ref)
+            return
         cursor = self.db.projection_cursor(scope_ref)
         if expired:
             self._views.removed(scope_ref, expired, cursor)
@@ -388,10 +410,13 @@ class Engine:
     def _fresh(self, scope_ref: str) -> None:
         """Rebuild a scope whose projections lag the journal (crash, failed purge) before use,
         then finish its pending withdraw/forget answers."""
-        if scope_ref in self._stale:
+        if self.db.shared:
+            self._sync(scope_ref)
+        elif scope_ref in self._stale:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
-        if scope_ref in self._pending and self.lifecycle.retry_keys():
+        if scope_ref in self._pending and self.lifecycle.retry_keys() \
+                and self.db.unacknowledged(scope_ref, self.db.projection_cursor(scope_ref)) == 0:
             # No key left to destroy and the projections hold only current records (rebuilt, or
             # purged by the forget itself): every pending answer of the scope is now true.
             done = self.lifecycle.complete_pending(scope_ref, _coverage(self.db.projection_cursor(scope_ref)))
@@ -418,16 +443,14 @@ class Engine:
         with self._writing(ctx.scope_ref):
             self._fresh(ctx.scope_ref)
             value, admitted = self.lifecycle.request_admission(ctx, to_plain(args), self.clock())
-            if admitted is not None:
+            if admitted is not None and self.db.shared:
+                if self._batch is None:
+                    self._sync(admitted.scope_ref)  # this node's write and any other node's, in order
+                else:
+                    self._batch[admitted.scope_ref] = ([], admitted.cursor)
+            elif admitted is not None:
                 record = admitted.record
-                expires = record["retention"].get("expires_at")
-                self._views.admitted(
-                    admitted.scope_ref, record["record_id"],
-                    Window(record["valid_time"]["t"], record["valid_time"].get("t_end"),
-                           from_instant(expires) if expires else None, event_at(record),
-                           self.turns.is_turn(event_type(record))),
-                    admitted.cursor,
-                )
+                self._views.admitted(admitted.scope_ref, record["record_id"], self._window(record), admitted.cursor)
                 if self._batch is not None:
                     records = self._batch.get(admitted.scope_ref, ([], 0))[0]
                     records.append(record)
@@ -447,7 +470,10 @@ class Engine:
             finally:
                 pending, self._batch = self._batch, None
                 for scope_ref, (records, cursor) in sorted(pending.items()):
-                    self._project_admitted(scope_ref, records, cursor)
+                    if self.db.shared:
+                        self._sync(scope_ref)
+                    else:
+                        self._project_admitted(scope_ref, records, cursor)
 
     def _project_admitted(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
         docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
@@ -472,6 +498,8 @@ class Engine:
             if rid is None:
                 return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
+            if self.db.shared:
+                return ForgetValue.model_validate(self._forget_shared(ctx, plain, value, rid, cursor))
             self._views.removed(ctx.scope_ref, [rid], cursor)
             # "pending" stays the answer (and the ledger's) until the record's key is gone and
             # every projection file is rewritten without it; then the scope's next use (or, after
@@ -489,6 +517,103 @@ class Engine:
                 return ForgetValue.model_validate(value)
             done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
             return ForgetValue.model_validate(done)
+
+    def _window(self, record: dict[str, Any]) -> Window:
+        expires = record["retention"].get("expires_at")
+        return Window(record["valid_time"]["t"], record["valid_time"].get("t_end"),
+                      from_instant(expires) if expires else None, event_at(record),
+                      self.turns.is_turn(event_type(record)))
+
+    # -- a node of a shared store ---------------------------------------------------------
+
+    def _applied(self, scope_ref: str) -> int:
+        """The journal cursor this node's projections of the scope reflect."""
+        cursor = self.projections.lexical(scope_ref).cursor
+        return int(cursor) if cursor else 0
+
+    def _sync(self, scope_ref: str) -> None:
+        """Shared store, under the write lock: apply what the shared journal changed since this
+        node's projections of the scope (other nodes' admissions, forgets and expiries, and this
+        node's own), in journal order; a node too far behind rebuilds the scope instead."""
+        target = self.db.projection_cursor(scope_ref)
+        applied = self._applied(scope_ref)
+        if applied == target and scope_ref not in self._stale:
+            return
+        if scope_ref in self._stale or applied > target or target - applied > CATCH_UP_EVENTS:
+            self.rebuild_scope(scope_ref)
+            self._stale.discard(scope_ref)
+            self._sync(scope_ref)  # what was committed while it rebuilt
+            return
+        changes = self.db.journal_changes(scope_ref, applied, target)
+        gone = sorted({c.record_id for c in changes if c.operation != "accept"})
+        added_ids = [c.record_id for c in changes if c.operation == "accept" and c.record_id not in gone]
+        if gone:
+            self._views.removed(scope_ref, gone, target)
+            self.projections.remove(scope_ref, gone, target)
+        added = list(self._load_page(scope_ref, added_ids).values()) if added_ids else []
+        if added:
+            for record in added:
+                self._views.admitted(scope_ref, record["record_id"], self._window(record), target)
+            self.projections.add_lexical(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in added],
+                                         target)
+            if self.semantic_ready():
+                self._sync_vectors(scope_ref, added, target)
+        if not gone and not added:
+            self.projections.lexical(scope_ref).set_cursor(str(target))
+            self.projections.vectors(scope_ref).set_cursor(str(target))
+        view = self._views.get(scope_ref)
+        if view is not None and view.projection_cursor != target:
+            self._views.drop(scope_ref)
+        self.db.acknowledge(scope_ref, target)
+
+    def _changed_elsewhere(self, scope_ref: str) -> None:
+        """The store's watcher: another node changed the scope. A scope this node holds
+        projections of is brought level at once (so a forget elsewhere is purged here and
+        acknowledged without waiting for a read), and its pending answers are completed."""
+        if self._closed or not self.projections.scope_dir(scope_ref).exists():
+            return
+        try:
+            if self._applied(scope_ref) == self.db.projection_cursor(scope_ref) and scope_ref not in self._pending:
+                return
+            with self._rw.write():
+                if not self._closed:
+                    self._fresh(scope_ref)
+        except Exception:  # noqa: BLE001 - the next read of the scope catches up on its own
+            log.warning("catching up scope %s failed", scope_ref, exc_info=True)
+
+    def _sync_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+        """Index the stored embeddings of records another node admitted; embed (once, stored for
+        every node) those whose admitting node has not stored theirs yet."""
+        assert self.embedder is not None
+        sealed = self.db.embeddings_of([r["record_id"] for r in records], self.embedder.model_digest)
+        ids, rows, missing = [], [], []
+        for record in records:
+            rid = record["record_id"]
+            key_ref, blob = sealed.get(rid, (None, None))
+            dek = self.keys.load(key_ref) if key_ref else None
+            if blob is None or dek is None:
+                missing.append(record)
+                continue
+            ids.append(rid)
+            rows.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
+        if ids:
+            self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
+        if missing:
+            self._embed_and_store(scope_ref, missing, cursor)
+
+    def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,
+                       cursor: int) -> dict[str, Any]:
+        """A forget on a shared store: purge this node's projections (with whatever else the journal
+        holds), destroy the key, then complete once every live node has acknowledged the purge;
+        otherwise the answer stays "pending" and a later use of the scope completes it."""
+        self._sync(ctx.scope_ref)
+        deadline = time.monotonic() + ACK_WAIT_S
+        while self.db.unacknowledged(ctx.scope_ref, cursor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
+            self._pending.add(ctx.scope_ref)
+            return value
+        return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
 
     def get(self, ctx: HostContext, args: GetInput) -> GetValue:
         now = self.clock()

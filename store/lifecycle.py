@@ -33,8 +33,8 @@ from engram_memory.models.states import (
 )
 from engram_memory.store import ledger
 from engram_memory.store.authz import authorization_receipt
-from engram_memory.store.backend import NewCandidate, NewRecord, Store, UnitOfWork
-from engram_memory.store.crypto import KeyStore, open_sealed, seal
+from engram_memory.store.backend import KeyRing, NewCandidate, NewRecord, Store, UnitOfWork
+from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.policy import DefaultAdmissionPolicy
 from engram_memory.store.timeutil import from_instant, to_instant
 
@@ -89,7 +89,7 @@ class AdmittedRecord:
 
 
 class Lifecycle:
-    def __init__(self, db: Store, keys: KeyStore, policy: HostPolicy) -> None:
+    def __init__(self, db: Store, keys: KeyRing, policy: HostPolicy) -> None:
         self.db = db
         self.keys = keys
         self.host_policy = policy
@@ -363,6 +363,11 @@ class Lifecycle:
         record_key = self.keys.create() if accept else None
         admitted: AdmittedRecord | None = None
         with self.db.transaction() as uow:
+            # Decided on a read made before the transaction: the candidate must still be pending
+            # now that its scope is held (an agent's withdraw, or another node, may have closed it).
+            now_row = uow.candidate(cid, scope_ref)
+            if now_row is None or now_row.state != CandidateState.PENDING:
+                raise ValueError(f"candidate {cid} is no longer awaiting adjudication")
             body: dict[str, Any] = {
                 "event_id": "adjudication:" + cid,
                 "recorded_at": at,
@@ -554,11 +559,14 @@ class Lifecycle:
         """Append an expire event for each record past retention.expires_at (REFERENCE §7.4).
 
         The engine calls it only when its scope view says a record is due (store/live.py)."""
-        due = self.db.due_expiries(scope_ref, [s.value for s in EXPIRABLE], now)
-        if not due:
-            return []
+        if not self.db.due_expiries(scope_ref, [s.value for s in EXPIRABLE], now):
+            return []  # the common case, without a transaction
         at = to_instant(now)
         with self.db.transaction() as uow:
+            # Read again inside: another node of a shared store may have expired them meanwhile.
+            due = uow.due_expiries(scope_ref, [s.value for s in EXPIRABLE], now)
+            if not due:
+                return []
             cursor = 0
             for d in due:
                 rid, state, rd = d.record_id, d.state, d.record_digest

@@ -18,7 +18,8 @@ CLI = [str(Path(sys.executable).with_name("engram-memory"))]  # the installed co
         (["serve", "--tenant"], "Option '--tenant' requires an argument."),
         (["nope"], "No such command 'nope'. (see: engram-memory --help)"),
         (["host", "keygen"], "Missing option '--out'. (see: engram-memory host keygen --help)"),
-        (["serve", "--port", "1"], "No such option: --port (see: engram-memory serve --help)"),
+        (["serve", "--port", "1"],
+         "No such option: --port (Possible options: --store) (see: engram-memory serve --help)"),
     ],
 )
 def test_usage_errors_are_one_line(argv: list[str], line: str, offline_env: dict[str, str]) -> None:

@@ -14,7 +14,7 @@ from engram_memory.store.postgres.url import check_store_url, redact_url
 
 TABLES = {
     "schema_migrations", "meta", "scopes", "journal", "candidates", "records", "embeddings",
-    "tombstoned_payloads", "idempotency", "audit", "data_keys", "nodes", "replay", "store_identity",
+    "tombstoned_payloads", "idempotency", "audit", "data_keys", "nodes", "replay", "store_identity", "node_cursors",
 }
 
 
@@ -56,7 +56,8 @@ def test_column_types_keep_bodies_byte_exact_and_cursors_signed(pg_database: str
         assert column_types(conn, "records")["event_at"] == "bigint"
         assert column_types(conn, "records")["body"] == "bytea"
         assert column_types(conn, "audit")["context_jti"] == "text"
-        assert column_types(conn, "data_keys") == {"key_ref": "text", "wrapped": "bytea"}
+        assert column_types(conn, "data_keys") == {
+            "key_ref": "text", "wrapped": "bytea", "created_at": "timestamp with time zone"}
         assert "heartbeat_at" in column_types(conn, "nodes")
         assert set(column_types(conn, "replay")) == {"kid", "jti", "exp"}
         assert "master_key_fingerprint" in column_types(conn, "store_identity")

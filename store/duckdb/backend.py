@@ -21,17 +21,21 @@ from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
     Candidate,
     DueExpiry,
+    JournalChange,
+    KeyRing,
     LedgerEntry,
     LiveWindow,
     NewCandidate,
     NewRecord,
     PendingAnswer,
     RecordStatus,
+    ReplayGuard,
     SealedRecord,
     StoreBusyError,
     StoreError,
     register_store_errors,
 )
+from engram_memory.store.dirlock import lock_data_dir
 from engram_memory.store.duckdb.schema import migrate
 
 register_store_errors(duckdb.Error)
@@ -66,17 +70,13 @@ def held_if_present(data_dir: Path, busy: Callable[[], Exception]) -> Iterator[N
 
 
 class Database:
+    shared = False  # one process owns the directory (flock): its caches are exact
+
     def __init__(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(data_dir, 0o700)
+        self.data_dir = data_dir
         # An advisory lock first, so a second server fails with a clear message before
         # DuckDB's own (less readable) lock error.
-        self._lock_fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(self._lock_fd)
-            raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process") from exc
+        self._lock_fd = lock_data_dir(data_dir)
         try:
             self.con = duckdb.connect(str(data_dir / "engram.duckdb"))
         except duckdb.IOException as exc:
@@ -100,6 +100,16 @@ class Database:
         self._readers = threading.local()
         self._reader_cons: list[duckdb.DuckDBPyConnection] = []  # closed with the database
         self._reader_lock = threading.Lock()
+
+    def key_ring(self) -> KeyRing:
+        from engram_memory.store.crypto import KeyStore  # key files beside the database
+
+        return KeyStore(self.data_dir)
+
+    def replay_guard(self) -> ReplayGuard:
+        from engram_memory.models.hostauth import ReplayCache
+
+        return ReplayCache()  # one process serves the store: its memory is the whole truth
 
     def close(self) -> None:
         # Forgetting needs no checkpoint: DuckDB (file and WAL) only ever holds sealed content,
@@ -179,6 +189,9 @@ class Database:
                 return False
             previous, expected = event_hash, expected + 1
         return True
+
+    def journal_changes(self, scope_ref: str, after: int, through: int) -> list[JournalChange]:
+        return _journal_changes(self.all, scope_ref, after, through)
 
     # -- concurrent reads ----------------------------------------------------------------
 
@@ -325,6 +338,22 @@ class Database:
             row = self.one("SELECT count(*) FROM embeddings WHERE record_id = ?", [record_id])
         return int(row[0]) if row else 0
 
+    def embeddings_of(self, record_ids: Sequence[str], model_digest: str | None) -> dict[str, tuple[str, bytes]]:
+        return {rid: (key_ref, blob) for rid, key_ref, blob in self.all(
+            "SELECT e.record_id, r.key_ref, e.vector FROM embeddings e JOIN records r USING (record_id)"
+            " WHERE e.record_id IN (SELECT unnest(?::VARCHAR[])) AND e.model_digest = ? AND r.key_ref IS NOT NULL",
+            [list(record_ids), model_digest],
+        )}
+
+    def watch(self, on_change: Callable[[str], None]) -> None:
+        pass  # nobody else writes this store
+
+    def acknowledge(self, scope_ref: str, cursor: int) -> None:
+        pass  # one process: its projections are the only ones
+
+    def unacknowledged(self, scope_ref: str, cursor: int) -> int:
+        return 0
+
     # -- store identity and copies (backup) ----------------------------------------------
 
     def store_id(self) -> str:
@@ -359,6 +388,18 @@ class Database:
         on the calling thread's own connection."""
         self.reader().execute(AUDIT_INSERT + ", ".join([AUDIT_ROW] * len(rows)),
                               [value for row in rows for value in row])
+
+
+CHANGES_SQL = (
+    "SELECT cursor, operation, json_extract_string(body, '$.record_id') FROM journal"
+    " WHERE scope_ref = ? AND cursor > ? AND cursor <= ? AND operation IN ('accept', 'tombstone', 'expire')"
+    " ORDER BY cursor"
+)
+
+
+def _journal_changes(run: Callable[[str, list[Any]], list[tuple[Any, ...]]], scope_ref: str, after: int,
+                     through: int) -> list[JournalChange]:
+    return [JournalChange(int(c), op, rid) for c, op, rid in run(CHANGES_SQL, [scope_ref, after, through])]
 
 
 def _ledger_lookup(con: duckdb.DuckDBPyConnection, scope_ref: str, principal: str,
@@ -498,6 +539,9 @@ class DuckDBUnitOfWork:
             " AND state = ? AND key_ref IS NOT NULL ORDER BY record_id",
             [list(record_ids), state],
         ).fetchall()]
+
+    def due_expiries(self, scope_ref: str, states: Sequence[str], now_ms: int) -> list[DueExpiry]:
+        return self._db.due_expiries(scope_ref, states, now_ms)
 
     def insert_embeddings(self, rows: Sequence[tuple[str, str | None, str, bytes]]) -> None:
         if rows:

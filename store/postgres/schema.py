@@ -147,6 +147,22 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        3,
+        "data keys carry their creation time; each node's projections acknowledge a scope's cursor",
+        """
+        -- the orphan sweep spares a key younger than a grace period: another node's open mutation
+        ALTER TABLE data_keys ADD COLUMN created_at TIMESTAMPTZ NOT NULL DEFAULT now();
+        -- how far each node's projections of a scope reflect its journal (a forget completes once
+        -- every live node is past it)
+        CREATE TABLE node_cursors (
+            node_id TEXT NOT NULL,
+            scope_ref TEXT NOT NULL,
+            cursor BIGINT NOT NULL CHECK (cursor >= 0),
+            PRIMARY KEY (node_id, scope_ref)
+        );
+        """,
+    ),
 ]
 
 

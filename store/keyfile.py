@@ -1,0 +1,33 @@
+"""Master key files of a PostgreSQL store: written once, owner-only, never overwritten."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engram_memory.store.opening import MASTER_KEY_BYTES
+
+
+@contextmanager
+def new_key_file(path: Path) -> Iterator[bytes]:
+    """A fresh master key, at ``path`` only if the block succeeds (a store that refused it leaves no
+    file behind). Raises FileExistsError when ``path`` exists."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(path)
+    key = secrets.token_bytes(MASTER_KEY_BYTES)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, key)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        yield key
+        os.link(tmp, path)  # fails if the path appeared meanwhile: never overwrites
+    finally:
+        tmp.unlink(missing_ok=True)
