@@ -149,6 +149,7 @@ class PostgresStore:
         self.node_id = _node_id(data_dir)
         self._url = url
         self._stop = threading.Event()
+        self.keys_destroyed = threading.Event()  # set by the key ring; the heartbeat then vacuums
         self._watcher: threading.Thread | None = None
         self._beat()
         self._heart = threading.Thread(target=self._heartbeat, name="engram-heartbeat", daemon=True)
@@ -204,8 +205,21 @@ class PostgresStore:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self._beat()
+                if self.keys_destroyed.is_set():
+                    self.keys_destroyed.clear()
+                    self.vacuum_keys()
             except Exception:  # noqa: BLE001 - the store is unreachable: reads fail on their own; keep trying
                 log.warning("heartbeat to the PostgreSQL store failed")
+
+    # -- bounding what a deleted key leaves behind (SECURITY.md) ---------------------------
+
+    def vacuum_keys(self) -> None:
+        """Rewrite ``data_keys`` without its dead rows. A deleted row stays in the table's file as a
+        dead tuple, and a plain VACUUM only marks its space free (the bytes stay until reused);
+        VACUUM FULL writes a new file holding the live rows only. The table is small (one ~60-byte
+        row per live candidate or record), so its brief exclusive lock costs milliseconds."""
+        with self.pool.connection() as conn:  # autocommit: VACUUM cannot run inside a transaction
+            conn.execute("VACUUM FULL data_keys")
 
     def key_ring(self) -> KeyRing:
         return PostgresKeyRing(self)
@@ -658,10 +672,12 @@ class PostgresKeyRing:
 
     def destroy(self, key_ref: str) -> bool:
         try:
-            self._store.one("DELETE FROM data_keys WHERE key_ref = %s RETURNING 1", [key_ref])
+            deleted = self._store.one("DELETE FROM data_keys WHERE key_ref = %s RETURNING 1", [key_ref])
         except psycopg.Error:
             log.exception("a data key could not be deleted")
             return False
+        if deleted is not None:
+            self._store.keys_destroyed.set()
         return True
 
     def key_refs(self) -> list[str]:
@@ -676,6 +692,8 @@ class PostgresKeyRing:
             " AND NOT EXISTS (SELECT 1 FROM records r WHERE r.key_ref = d.key_ref) RETURNING key_ref",
             [ORPHAN_KEY_GRACE],
         )
+        if rows:
+            self._store.keys_destroyed.set()
         return len(rows)
 
 
