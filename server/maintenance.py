@@ -55,9 +55,15 @@ def rebuild_index_cmd(
     verify: Annotated[bool, typer.Option("--verify", help="Build aside, compare with the live projections.")] = False,
     model_path: Annotated[Path | None, typer.Option("--model-path", help="Local embedding model directory.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    store: Annotated[str | None, typer.Option(
+        "--store", envvar="ENGRAM_STORE", show_envvar=False,
+        help="PostgreSQL store URL: rebuild this node's projections (--data-dir) from it.")] = None,
+    master_key_file: Annotated[Path | None, typer.Option(
+        "--master-key-file", envvar="ENGRAM_MASTER_KEY_FILE", show_envvar=False,
+        help="The PostgreSQL store's master key file.")] = None,
 ) -> None:
-    """Rebuild the search projections (Tantivy + vectors) of an existing store from DuckDB; refuses while a
-    server runs."""
+    """Rebuild the search projections (Tantivy + vectors) of an existing store from DuckDB (or one PostgreSQL
+    node's from the shared store); refuses while a server runs on the data dir."""
     from engram_memory.server.config import default_data_dir
 
     # 1. The options alone, before touching the filesystem.
@@ -74,15 +80,29 @@ def rebuild_index_cmd(
         problem = _check_model_path(model_path)
         if problem:
             raise _fail(problem)
+    if store is not None:
+        from engram_memory.store.postgres.url import check_store_url
+
+        try:
+            check_store_url(store)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        if master_key_file is None:
+            raise _fail("--store needs --master-key-file FILE (written by: engram-memory admin init-store)")
+    elif master_key_file is not None:
+        raise _fail("--master-key-file applies to a PostgreSQL store only (--store URL)")
     target = data_dir or default_data_dir()
 
     # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).
-    from engram_memory.store.backend import StoreBusyError
+    from engram_memory.store.backend import StoreBusyError, StoreRefused
     from engram_memory.store.rebuild import NoStoreError, UnknownScopeError, rebuild_index
     from engram_memory.store.refusals import STORE_BUSY
 
     try:
-        report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path)
+        report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path, store=store,
+                               master_key_file=master_key_file)
+    except StoreRefused as exc:
+        raise _fail(str(exc)) from None
     except StoreBusyError:
         sys.stderr.write(f"engram-memory: error: {STORE_BUSY}: data dir {target} is in use by a running server;"
                          " stop it first\n")

@@ -174,16 +174,28 @@ def compare_projections(live: Projections, built: Projections, scope_ref: str, r
 
 
 def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = False,
-                  model_path: Path | None = None, show_progress: bool = True, semantic: bool = True
-                  ) -> RebuildReport:
+                  model_path: Path | None = None, show_progress: bool = True, semantic: bool = True,
+                  store: str | None = None, master_key_file: Path | None = None) -> RebuildReport:
     """Raises StoreBusyError when a server owns the data directory; NoStoreError when it holds no
-    store and UnknownScopeError for a scope the store does not have (both before any change)."""
-    known = existing_scopes(data_dir)
-    if scope_ref is not None and scope_ref not in known:
-        raise UnknownScopeError(scope_ref, known)
-    if not known:
-        return RebuildReport([])  # nothing to rebuild: not even the model is loaded
-    engine = Engine.open(EngineSettings(data_dir=data_dir, model_path=model_path, semantic=semantic))
+    store and UnknownScopeError for a scope the store does not have (both before any change).
+
+    With ``store`` (a PostgreSQL URL), ``data_dir`` is one node's directory: its projections are
+    rebuilt from the shared store (which other nodes keep serving meanwhile)."""
+    settings = EngineSettings(data_dir=data_dir, model_path=model_path, semantic=semantic, store=store,
+                              master_key_file=master_key_file)
+    if store is None:
+        known = existing_scopes(data_dir)
+        if scope_ref is not None and scope_ref not in known:
+            raise UnknownScopeError(scope_ref, known)
+        if not known:
+            return RebuildReport([])  # nothing to rebuild: not even the model is loaded
+        engine = Engine.open(settings)
+    else:
+        engine = Engine.open(settings)
+        known = engine.scopes()
+        if scope_ref is not None and scope_ref not in known:
+            engine.close()
+            raise UnknownScopeError(scope_ref, known)
     try:
         if engine.embedder is not None:
             engine.wait_semantic(600)  # records admitted before the model was ready get embedded now
