@@ -110,6 +110,9 @@ def eval_cmd(
     max_queries: Annotated[str | None, Opt("--max-queries", metavar="N",
                                            help="Score only the first N judged queries (CI smoke).")] = None,
     latency: Annotated[bool, Opt("--latency/--no-latency", help="Also time one limit-10 search per query.")] = True,
+    store: Annotated[str | None, Opt("--store", help="Run on an initialised PostgreSQL store (postgresql://USER@"
+                                     "HOST:PORT/DB) instead of DuckDB in the cache dir.")] = None,
+    master_key_file: Annotated[Path | None, Opt("--master-key-file", help="That store's master key file.")] = None,
 ) -> None:
     """Score lexical, semantic and hybrid search on a BEIR collection through the real engine,
     next to standard BM25 (the baseline row).
@@ -132,6 +135,7 @@ def eval_cmd(
         doc_mapping = options.choice("--mapping", mapping, options.MAPPINGS)
         peer_name = options.choice("--peer", peer, options.PEERS)
         cache = options.writable_dir("--cache-dir", cache_dir, required=False)
+        pg = options.store(store, master_key_file)
         folders = collection_folders(dataset)
         if not folders:
             check_layout(dataset, folders=True)
@@ -155,7 +159,12 @@ def eval_cmd(
 
     from engram_memory.eval.folder import run_folder
     from engram_memory.eval.harness import run_eval
+    from engram_memory.eval.ingest import set_store
+    from engram_memory.store.backend import StoreRefused
     from engram_memory.store.engine import StoreBusyError
+
+    if pg is not None:
+        set_store(*pg)
 
     run_options: dict[str, Any] = dict(channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w, limit_docs=limit,
                        peer=peer_name, cache_dir=cache, mapping=doc_mapping, progress=progress, threads=n_threads,
@@ -171,6 +180,8 @@ def eval_cmd(
             rows = {f"{results['dataset']} {name:>8}": scores for name, scores in results["runs"].items()}
     except StoreBusyError as exc:
         fail(f"{exc} (another eval or a server holds it: wait, or pick another --cache-dir)")
+    except StoreRefused as exc:
+        fail(str(exc))
     sys.stderr.write(f"wrote {out_dir / 'results.json'}\n")
     sys.stdout.write(results_table(rows) + f"\nreport: {out_dir / 'report.md'}\nplot:   {out_dir / 'report.png'}\n")
     sys.stdout.flush()
@@ -210,6 +221,9 @@ def bench_cmd(
                                        "engine's); the MCP server gets the same via OMP_NUM_THREADS.")] = None,
     resume: Annotated[bool, Opt("--resume", help="Keep OUT/bench-store from an earlier run and grow it on "
                                 "(measure a new build at 100k without re-ingesting).")] = False,
+    store: Annotated[str | None, Opt("--store", help="Bench the engine on an initialised, empty PostgreSQL store "
+                                     "(postgresql://USER@HOST:PORT/DB; with --no-mcp).")] = None,
+    master_key_file: Annotated[Path | None, Opt("--master-key-file", help="That store's master key file.")] = None,
 ) -> None:
     """Latency, throughput, rebuild time and memory of the real engine at several store sizes.
 
@@ -231,6 +245,10 @@ def bench_cmd(
         if dataset is not None:
             check_layout(dataset)
         options.peer_available(peer_name)
+        pg = options.store(store, master_key_file)
+        if pg is not None and mcp:
+            raise OptionError("--store benches the engine in process: add --no-mcp (bench-http measures servers"
+                              " on PostgreSQL)")
         if dataset is not None:
             _collection(dataset, None)
     except OptionError as exc:
@@ -238,6 +256,10 @@ def bench_cmd(
     except CollectionError as exc:
         fail(f"--dataset {exc.path}: {exc.detail}")
     assert n_queries is not None and n_ops is not None and n_profile is not None
+    if pg is not None:
+        from engram_memory.eval.ingest import set_store
+
+        set_store(*pg)
 
     _make_dir("--out", out_dir)
 

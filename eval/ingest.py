@@ -176,9 +176,19 @@ def store_key(col: Collection, mapping: str) -> str:
     return f"{col.name}-{mapping}-{col.limit_docs or 'all'}-{fp}"
 
 
+# A PostgreSQL store every engine of this run opens (set_store): the store dir then holds only
+# the node's projections and the manifest. Empty: DuckDB in the store dir.
+_STORE: dict[str, Any] = {}
+
+
+def set_store(url: str, master_key_file: Path) -> None:
+    _STORE.update(store=url, master_key_file=master_key_file)
+
+
 def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Any:
     from engram_memory.models.settings import EngineSettings
 
+    overrides = {**_STORE, **overrides}
     if _TORCH_THREADS:
         overrides = {"encode_threads": _TORCH_THREADS[0], **overrides}
     # A channel scored alone is the channel's own ranking (the rows beside bm25s and LanceDB's);
@@ -230,9 +240,14 @@ def wait_embedder(engine: Any, timeout: float = EMBED_TIMEOUT_S) -> None:
 
 
 def _manifest(col: Collection, mapping: str) -> dict[str, Any]:
-    return {"ingest_version": INGEST_VERSION, "dataset": col.name, "mapping": mapping,
-            "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs),
-            "admission_policy": admission_policy_ref()}
+    manifest = {"ingest_version": INGEST_VERSION, "dataset": col.name, "mapping": mapping,
+                "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs),
+                "admission_policy": admission_policy_ref()}
+    if _STORE:  # a cache built on one store is never reused on another (DuckDB manifests unchanged)
+        from engram_memory.store.postgres.url import redact_url
+
+        manifest["store"] = redact_url(_STORE["store"])
+    return manifest
 
 
 def load_or_ingest(
