@@ -67,6 +67,7 @@ from engram_memory.eval.ingest import (
     host_context,
     open_engine,
     set_torch_threads,
+    store_options,
     validated,
 )
 from engram_memory.models.tools import to_plain
@@ -419,7 +420,7 @@ def run_bench(
 
         _say(f"{size:,}: rebuild-index, then lexical search latency")
         t = time.perf_counter()
-        rebuilt = rebuild_index(store, show_progress=False)
+        rebuilt = rebuild_index(store, show_progress=False, **store_options())
         rebuild_s = time.perf_counter() - t
         row["rebuild"] = {"seconds": rebuild_s, "seconds_per_10k": rebuild_s / (grower.n / 10_000),
                           "records": sum(s.records for s in rebuilt.scopes),

@@ -185,6 +185,11 @@ def set_store(url: str, master_key_file: Path) -> None:
     _STORE.update(store=url, master_key_file=master_key_file)
 
 
+def store_options() -> dict[str, Any]:
+    """The store every engine of this run opens (``store``, ``master_key_file``; empty: DuckDB)."""
+    return dict(_STORE)
+
+
 def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Any:
     from engram_memory.models.settings import EngineSettings
 
