@@ -791,7 +791,9 @@ _DETECTOR_HINTS = re.compile(
 _STATEMENT_HINTS = re.compile(
     r"(?i)pass|pw|pin|code|c(?:ó|o)digo|mdp|mot de|contrase|clave|kennwort|passwort|key|cl(?:é|e)|schl(?:ü|u)ssel|"
     r"seed|phrase|semilla|secret|token|jeton|geheim|login|log in|log into|sign in|cred|identifiant|zugang|"
-    r"@|ssh|combina|kombination|connexion|usa |use |utilise|benutze|entra|frase|conectar|anmeld|einlogg|router")
+    r"@|ssh|combina|kombination|connexion|usa |use |utilise|benutze|entra|frase|conectar|anmeld|einlogg|router|"
+    r"mnemonic|words|lock|combo|keypad|safe|puk|digi|bo(?:î|i)te|caja|port(?:ó|o)n|zahl|kenn|connect|melde|"
+    r"user|usuario|utilisateur|benutzer|u:|admin|root|guest|secreto|/")
 
 # ---- the screen -----------------------------------------------------------------------------------
 

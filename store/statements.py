@@ -46,12 +46,14 @@ _CODES = (
 )
 _KEYS = (
     r"(?:wifi|wi-fi|wlan|wpa2?|wep|network|licen[cs]e|product|serial|api|secret|private|master|encryption|"
-    r"decryption|recovery|bitlocker)[ -]?(?:key|schl(?:ü|u)ssel)|cl(?:é|e)\s+(?:wpa2?|wifi|api|de\s+licence)|"
+    r"decryption|recovery|bitlocker|pre-?shared|psk|wireguard)[ -]?(?:key|schl(?:ü|u)ssel)|"
+    r"cl(?:é|e)\s+(?:wpa2?|wifi|api|de\s+licence)|"
     r"wlan-schl(?:ü|u)ssel|wpa2?-schl(?:ü|u)ssel"
 )
 _SEEDS = (
-    r"seed(?:\s+phrase|\s+words)?|recovery\s+phrase|mnemonic|phrase\s+de\s+r(?:é|e)cup(?:é|e)ration|"
-    r"frase\s+semilla|wiederherstellungsphrase"
+    r"seed(?:[ -]phrase|\s+words)?|recovery\s+phrase|mnemonic|phrase\s+de\s+r(?:é|e)cup(?:é|e)ration|"
+    r"frase\s+semilla|wiederherstellungsphrase|phrase\s+secr(?:è|e)te|frase\s+de\s+recuperaci(?:ó|o)n|"
+    r"(?:12|24|twelve|twenty-four)[ -]words|(?:wallet|recovery)\s+words"
 )
 _LOGINS = (
     r"credentials|creds|login(?:/password)?|log-?in|identifiants|credenciales|zugangsdaten|anmeldedaten|"
@@ -71,7 +73,10 @@ _CONNECTOR = (
 # A short qualifier between noun and connector: "for the staging db", "on my phone", "(garage)".
 _QUALIFIER = r"(?P<qual>(?:\s+(?!(?:is|was|est|es|ist|lautet)\b)[^\s:=.;!?]+){0,6}?)"
 # ``rest`` is a lookahead: a line may state several credentials ("Login: admin  Passwort: admin123").
-_STATEMENT = re.compile(r"(?<![\w-])" + _NOUN + _QUALIFIER + r"\s*" + _CONNECTOR + r"\s*(?=(?P<rest>.{1,400}))",
+# "the password's pineapple": 's glued to a credential noun (only there: "the code's rules" is a possessive).
+_GLUED = r"(?P<glued>'s(?:\s+now|\s+still)?(?!\w))|"
+_STATEMENT = re.compile(r"(?<![\w-])" + _NOUN + _QUALIFIER + r"\s*,?\s*(?:" + _GLUED + _CONNECTOR + ")" +
+                        r"\s*(?=(?P<rest>.{1,400}))",
                         re.IGNORECASE | re.DOTALL)
 # A bare "code" is a credential only next to what it opens: "the code for the bike lock is 3177",
 # "der Code fürs Tor ist *1234" (a zip code, an error code or a code review is not).
@@ -101,6 +106,7 @@ okay good bad broken fixed ready out down up closed open loose written printed s
 changes change changing rotates rotating expires must should will would can could may might has have had does do
 did being been be optional printed strict same different safe secure insecure compromised leaked exposed
 what which who where when why how whatever
+length strength hash format policy policies owner value complexity rules history requirements
 true false yes null none nil string str int integer bool boolean number bytes float list dict object array
 le la les un une des du de dans sur est pas jamais toujours incorrect obligatoire requis expiré expirée changé
 changée haché hachée accepté verrouillé bloqué correct faux bon mauvais nouveau ancien ici là
@@ -121,8 +127,8 @@ _LOGIN_ADJACENT = re.compile(
 # "jane@x.com / Netflix2023!": an address, a spaced slash, a value (never a URL's path: "git@host/repo").
 _EMAIL_PAIR = re.compile(r"(?<![\w:/.@-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+(?:\s+/\s*|\s*/\s+)(?P<val>[^\s,;]{3,128})")
 _LOGIN_WITH = re.compile(
-    r"(?i)\b(?:log\s*(?:in|into|on)|login|sign\s+in|connexion|connecter|conectar|entra|anmelden|einloggen|"
-    r"router-login)\b[^.\n]{0,40}?\s(?:with\s+|avec\s+|con\s+|mit\s+)?"
+    r"(?i)\b(?:log\s*(?:in|into|on)|login|sign\s+in|connexion|connecte(?:r|-toi|z-vous)?|conectar|con[eé]ctate|entra|"
+    r"anmelden|einloggen|melde\s+dich|router-login)\b[^.\n]{0,40}?\s(?:with\s+|avec\s+|con\s+|mit\s+)?"
     r"(?P<user>[A-Za-z0-9._@-]{2,40})/(?P<val>[^\s/,;]{3,64})(?=[.,;!?)]*(?:\s|$))")
 _SSH_PASSWORD = re.compile(
     r"(?i)\bssh\s+\S+@\S+\s+(?:password|mot\s+de\s+passe|contrase(?:ñ|n)a|passwort)\s+(?P<val>\S{3,64})")
@@ -132,8 +138,11 @@ _UNIT = re.compile(r"(?i)^\d+\s*(?:%|characters?|chars?|digits?|letters?|days?|h
 _BIP39ISH = re.compile(r"^(?:[a-z]{3,8}(?:[\s,]+|\s*(?:\.{3}|…)\s*)){11,23}[a-z]{3,8}\b")
 _PHRASE_NOUNS = re.compile(r"(?i)pass-?phrase|passphrase|frase\s+de\s+paso")
 _PASSWORDISH = re.compile(r"^(?=.*[A-Za-z])(?=.*[\d!@#$%^&*+=?~]).{4,}$|^\d{3,12}$")
-_CODE_LIST = re.compile(r"^(?:[0-9a-z]{3,8}(?:-[0-9a-z]{3,8})+[\s,]*){2,}", re.IGNORECASE)
-_CREDENTIAL_WORDS = re.compile(r"(?i)^(?:user(?:name)?|pass(?:word)?|login|pw|pwd|email|e-mail)$")
+_CODE_LIST = re.compile(r"^(?:(?:[0-9a-z]{3,8}(?:-[0-9a-z]{3,8})+[\s,]*){2,}|(?:\d{6,10}[\s,]+)+\d{6,10}\b)",
+                        re.IGNORECASE)
+_CREDENTIAL_WORDS = re.compile(
+    r"(?i)^(?:user(?:name)?|pass(?:word)?|login|pw|pwd|email|e-mail|utilisateur|identifiant|mot|mdp|usuario|"
+    r"contrase(?:ñ|n)a|clave|benutzer(?:name)?|passwort|kennwort)$")
 
 
 def _benign_token(value: str) -> bool:
@@ -194,18 +203,65 @@ def _value_after(noun: str, rest: str) -> bool:
 
 # Token nouns bind only token-shaped values (letters and digits, 8 or more): "the webhook secret is
 # whsec_9f8e7d6c5b4a", not "the secret is out" nor "the token is a JWT".
-_TOKEN_NOUN = re.compile(r"(?<![\w-])(?P<noun>(?:[\w]+[ -])?(?:secret|token|jeton|geheimnis))" + _QUALIFIER + r"\s*" +
-                         _CONNECTOR + r"\s*(?=(?P<rest>.{1,400}))", re.IGNORECASE | re.DOTALL)
+_TOKEN_NOUN = re.compile(r"(?<![\w-])(?P<noun>(?:[\w]+[ -])?(?:secret|token|jeton|geheimnis|secreto))" +
+                         _QUALIFIER + r"\s*" + _CONNECTOR + r"\s*(?=(?P<rest>.{1,400}))", re.IGNORECASE | re.DOTALL)
 _TOKEN_SHAPE = re.compile(r"^(?=.*[A-Za-z])(?=.*\d)[\w.+/=~-]{8,}$")
+
+
+# What opens a lock or a door is a credential by itself when it binds a code: "Lockbox: 6182", "the key
+# safe by the door is 1987", "locker combo 31-07-22", "digicode 7B42", "die Geheimzahl der Karte ist 5523".
+_LOCKS = (
+    r"(?:door|gate|garage|alarm|entry|access|lock|safe|building|locker|gym|bike)[ -]?codes?|key\s*pad|lock\s*box|"
+    r"key\s*safe|key\s+code|padlock(?:\s+code)?|combination\s+lock|zahlenkombination|schlosskombination|"
+    r"PUK(?:\s+code)?|pass\s*key|digicode|code\s+d'(?:entr(?:é|e)e|acc(?:è|e)s)|bo(?:î|i)te\s+(?:à|a)\s+cl(?:é|e)s|"
+    r"caja\s+(?:de\s+llaves|fuerte)|c(?:ó|o)digo\s+del\s+port(?:ó|o)n|schl(?:ü|u)sselsafe|"
+    r"geheimzahl|kenncode|zugangscode|t(?:ü|u)rcode"
+)
+_CODE_VALUE = r"(?P<val>[*#]?(?:\d{3,12}|\d{1,4}(?:[ -]\d{1,4}){1,5}|(?=[A-Za-z]{0,3}\d)[A-Za-z\d]{4,8})[#*]?)"
+# A combination is a lock's only next to the lock: "combo for the bike lock is 4062", not "a combination
+# of both drugs (n=8502)".
+_COMBINATION = r"combos?|combinations?|combinaisons?|combinaci(?:ó|o)n(?:es)?|kombination(?:en)?"
+_LOCK_CODE = re.compile(
+    r"(?i)(?<![\w-])(?P<noun>" + _LOCKS + "|" + _COMBINATION + r")(?:(?P<qual>(?:\s+[^\s:=.;!?]+){0,5}?)\s*" +
+    _CONNECTOR + r")?\s*" +
+    _CODE_VALUE + r"(?=[.,;!?)]*(?:\s|$))")
+# Someone changed or set a password to a value: "I changed the password to swordfish", "a changé son mot
+# de passe en Papillon7", "Puse la contraseña en sol123", "hat sein Passwort auf Schmetterling7 geändert".
+_SET_TO = re.compile(
+    r"(?i)\b(?:chang\w*|set|reset|updated?|made|mis|modifi\w*|cambi\w*|pus[eoi]\w*|habe|hat|haben)\b[^.\n]{0,40}?"
+    r"(?<![\w-])(?:" + _PASSWORD + r")(?!\w)\s+(?:to|en|à|a|auf)\s+(?P<val>[\"'`‘“«]?[^\s\"'`’”»,;]{3,64}[\"'`’”»]?)")
+# "username admin password admin", "u: guest p: guest123", "usuario admin contraseña admin".
+_FIELD_PAIR = re.compile(
+    r"(?i)(?<![\w-])(?:(?:user(?:name)?|usuario|utilisateur|identifiant|benutzer(?:name)?|account)(?!\w)\s*[:=]?|"
+    r"u\s*[:=])\s*(?P<user>[\w.@+\\-]{2,64})[\s,;]+(?:and\s+|et\s+|y\s+|und\s+)?"
+    r"(?:(?:" + _PASSWORD + r")(?!\w)\s*[:=]?|p\s*[:=])\s*(?P<val>[^\s,;]{3,64})(?=[.,;!?)]*(?:\s|$))")
+# Accounts every appliance ships with: their pair is a login whatever the value looks like
+# ("iDRAC: root / calvin", "admin/admin", "admin:admin123").
+_DEFAULT_USERS = r"admin|administrator|root|guest|pi|ubuntu|elastic|postgres|sa|sysadmin|operator"
+_DEFAULT_PAIR = re.compile(r"(?i)(?<![\w/.@:-])(?P<user>" + _DEFAULT_USERS + r")\s*(?:/|:(?!//))\s*"
+                           r"(?P<val>[^\s/,;:]{3,64})(?=[.,;!?)]*(?:\s|$))")
+# "Kibana: elastic / changeme2", "Steam: gamer_99 / Fr4gM3!": a label, then an account and a value
+# with digits or symbols across a spaced slash (words alone there are alternatives: "Input: text / image").
+_LABELLED_PAIR = re.compile(r"(?:^|[.;]\s+)[\w .'-]{2,30}?:\s*(?P<user>[\w.@+\\-]{2,64})\s+/\s+"
+                            r"(?P<val>[^\s/,;]{3,128})(?=[.,;!?)]*(?:\s|$))")
+_SSH_ANY = re.compile(r"(?i)\bssh\b[^\n]{0,60}?\b(?:" + _PASSWORD + r")(?!\w)\s*[:=]?\s*(?P<val>[^\s,;]{3,64})"
+                      r"(?=[.,;!?)]*(?:\s|$))")
+
+
+def _pair_value(user: str | None, value: str, default_user: bool) -> bool:
+    value = value.strip("\"'`‘’“”«»")
+    if _benign_token(value) or (user is not None and (_CREDENTIAL_WORDS.match(user) or user.lower() in STATES)):
+        return False
+    return default_user or bool(_PASSWORDISH.match(value))
 
 
 def find_statement(line: str) -> str | None:
     """``"prose_credential"`` when the line states a credential's value, else None."""
     for match in _STATEMENT.finditer(line):
         noun = match.group("noun")
-        if noun.startswith("pin") and not re.match(r"\s*[\"'`]?\d{3,12}\b", match.group("rest").lstrip(" \t:")):
-            continue  # a lower-case "pin" is a PIN only with digits ("the pin on the header is GPIO17" is not)
-        if noun.lower() == "pass" and match.group("conn").strip() in (":", "=", "-"):
+        if noun.lower().startswith("pin") and not re.match(r"\s*[\"'`]?\d{3,12}\b", match.group("rest").lstrip(" \t:")):
+            continue  # a PIN is a number ("the pin on the header is GPIO17", "the PIN pad is unresponsive" are not)
+        if noun.lower() == "pass" and (match.group("conn") or "").strip() in (":", "=", "-"):
             token = _TOKEN.match(match.group("rest").lstrip(" \t:"))
             if not (token and _PASSWORDISH.match(token.group(1))):
                 continue  # "first pass: tokenize" is a step; "pass: dragon2020" and "the pass is letmein" are not
@@ -228,7 +284,29 @@ def find_statement(line: str) -> str | None:
         if _PASSWORDISH.match(value) and "=" not in value and not _benign_token(value) and \
                 not _UNIT.match(value + " ") and _CLAUSE_END.match(after):
             return "prose_credential"  # "pass chunksize=100_000 to iterate" is a verb, not a password
-    for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _LOGIN_ADJACENT, _REVERSED):
+    for match in _LOCK_CODE.finditer(line):
+        before = line[max(0, match.start() - 30):match.start()]
+        if re.fullmatch(_COMBINATION, match.group("noun"), re.IGNORECASE) and not (
+                _OPENS.search(match.group("qual") or "") or _OPENS.search(before)):
+            continue
+        if match.group("conn") is not None or not match.group("qual"):
+            return "prose_credential"
+    for match in _SET_TO.finditer(line):
+        value = match.group("val").strip("\"'`‘’“”«»")
+        if not _benign_token(value) and (_PASSWORDISH.match(value) or _CLAUSE_END.match(line[match.end():])):
+            return "prose_credential"
+    for match in _FIELD_PAIR.finditer(line):
+        if _pair_value(match.group("user"), match.group("val"), True):
+            return "prose_credential"
+    for match in _DEFAULT_PAIR.finditer(line):
+        value = match.group("val")
+        if _pair_value(None, value, value.lower() == match.group("user").lower()):
+            return "prose_credential"
+    for match in _LABELLED_PAIR.finditer(line):
+        user = match.group("user")
+        if _pair_value(user, match.group("val"), bool(re.fullmatch(_DEFAULT_USERS, user, re.IGNORECASE))):
+            return "prose_credential"
+    for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _SSH_ANY, _LOGIN_ADJACENT, _REVERSED):
         for match in pattern.finditer(line):
             value = match.group("val").strip("\"'`‘’“”«»")
             user = match.groupdict().get("user")
