@@ -46,7 +46,8 @@ DATA = Path(__file__).resolve().parent / "secrets"  # package data: shipped in t
 DEFAULT_CORPUS = DATA / "corpus.jsonl"
 PROBES = DATA / "probes.jsonl"
 FROZEN = DATA / "frozen.jsonl"  # hand-written before the statement rules; they were then developed on it
-HELDOUT = DATA / "heldout.jsonl"  # hand-written by another engineer; never looked at while writing the rules
+HELDOUT = DATA / "heldout.jsonl"  # hand-written by another engineer; first run 0.812 / 0.007, then developed on
+HELDOUT2 = DATA / "heldout2.jsonl"  # round 2, written blind to the code: first run 0.704 / 0.019, then developed on
 GENERATED_SEED = 424242  # the seed the README's figures for a regenerated corpus use
 RECALL_TARGET = 0.98
 FPR_TARGET = 0.02
@@ -337,9 +338,9 @@ def eval_secrets_cmd(
     = DEFAULT_CORPUS,
     json_out: Annotated[Path | None, Opt("--json", help="Write the full results (per kind, per field, every "
                                          "miss) to this JSON file.", show_default=False)] = None,
-    frozen: Annotated[bool, Opt("--frozen/--no-frozen", help="Also score the two frozen hand-written corpora "
-                                "(checks/secrets/frozen.jsonl: the rules' development set; heldout.jsonl: never used "
-                                "to write them), each reported apart.")] = True,
+    frozen: Annotated[bool, Opt("--frozen/--no-frozen", help="Also score the three frozen hand-written corpora "
+                                "(checks/secrets/frozen.jsonl, heldout.jsonl, heldout2.jsonl: each was unseen once, "
+                                "then developed on), each reported apart.")] = True,
     generated_seed: Annotated[int | None, Opt("--generated-seed", metavar="N", show_default=False,
                                               help="Also generate and score the generator's corpus for seed N "
                                               f"(e.g. {GENERATED_SEED}; the generator the rules were tuned on, "
@@ -357,7 +358,8 @@ def eval_secrets_cmd(
         sets = [("corpus", load_corpus(corpus))]
         if frozen:
             sets.append(("frozen, development (hand-written)", load_corpus(FROZEN)))
-            sets.append(("held-out (hand-written, never tuned on)", load_corpus(HELDOUT)))
+            sets.append(("held-out round 1 (hand-written; developed on after its first run)", load_corpus(HELDOUT)))
+            sets.append(("held-out round 2 (written blind; developed on after its first run)", load_corpus(HELDOUT2)))
         if generated_seed is not None:
             sets.append((f"generated (seed {generated_seed})", generated_corpus(generated_seed)))
     except (OSError, ValueError) as exc:

@@ -66,7 +66,8 @@ _SHAPE_TABLE: list[tuple[str, tuple[str, ...], str]] = [
     ("slack_token", ("xapp-",), _B + r"xapp-\d-[A-Z0-9]{6,}-\d{6,}-[a-z0-9]{20,}"),
     ("slack_token", ("hooks.slack.com",),
      r"hooks\.slack\.com/(?:services|workflows|triggers)/T[A-Z0-9]{6,}/[A-Z0-9]{6,}/[A-Za-z0-9]{12,}"),
-    ("stripe_key", ("_live_", "_test_"), _B + r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"),
+    ("stripe_key", ("_live_", "_test_"), _B + r"(?:sk|rk)_(?:live|test)_(?![xX]{16})[A-Za-z0-9]{16,}"),
+    ("docker_token", ("dckr_pat_",), _B + r"dckr_pat_[A-Za-z0-9_-]{20,}"),
     ("stripe_key", ("whsec_",), _B + r"whsec_[A-Za-z0-9+/]{24,}"),
     ("google_key", ("AIza",), r"(?<![A-Za-z0-9+/_-])AIza[0-9A-Za-z_-]{35}"),
     ("google_key", ("GOCSPX-",), _B + r"GOCSPX-[A-Za-z0-9_-]{24,}"),
@@ -303,6 +304,7 @@ _PLACEHOLDER_RE = re.compile(
       | (?-i:%[A-Z_][A-Z0-9_]{0,60}%)                # %API_KEY%
       | %\([A-Za-z_]\w*\)s | %s | \{\}               # printf / format slots
       | [x*#.\u2022\u2026_?-]{2,}                    # xxxx, ****, ...., ••••, ___
+      | (?-i:[A-ZÀ-Ý]+(?:_[A-ZÀ-Ý]+)+)               # YOUR_PASSWORD, TU_CONTRASEÑA: a name in capitals
       | [A-Za-z_-]{0,12}(?:[xX]{6,}|[*\u2022]{4,})      # sk_live_xxxxxxxx, AKIAXXXXXXXXXXXXXXXX
       | your[-_ ]?(?:[a-z]+[-_ ]?){1,5}               # your-password, YOUR_API_KEY, yourtokenhere
       | (?:my|the|some|insert|enter|put|add)[-_ ](?:[a-z]+[-_ ]?){1,5}
@@ -793,7 +795,8 @@ _STATEMENT_HINTS = re.compile(
     r"seed|phrase|semilla|secret|token|jeton|geheim|login|log in|log into|sign in|cred|identifiant|zugang|"
     r"@|ssh|combina|kombination|connexion|usa |use |utilise|benutze|entra|frase|conectar|anmeld|einlogg|router|"
     r"mnemonic|words|lock|combo|keypad|safe|puk|digi|bo(?:î|i)te|caja|port(?:ó|o)n|zahl|kenn|connect|melde|"
-    r"user|usuario|utilisateur|benutzer|u:|admin|root|guest|secreto|/")
+    r"user|usuario|utilisateur|benutzer|u:|admin|root|guest|secreto|/|door|gate|t(?:ü|u)r|tor|porte|puerta|"
+    r"portail|garage|schloss|tresor|candado|cadenas|contra|wi-?fi|wlan|new|nouv|nuev|neu|dckr")
 
 # ---- the screen -----------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import re
 # Credential nouns a connector may bind to a value, in the four languages.
 _PASSWORD = (
     r"pass(?:word|wd|phrase|code)?s?|pw|pwd|pass[ -](?:phrase|code)|mot\s+de\s+passe|mdp|passphrase|"
+    r"pas+w(?:or|ro|r)?d|phrase\s+de\s+passe|contra|"
     r"contrase(?:ñ|n)a|clave|passwort|kennwort|pass-?wort|frase\s+de\s+paso|"
     r"PIN(?:[ -]?(?:code|number|nummer))?|pin(?:[ -](?:code|number))?|code\s+PIN|code\s+secret|"
     r"[\w-]*-PIN|c(?:ó|o)digo\s+PIN"
@@ -35,8 +36,11 @@ _CODE_QUALIFIERS = (
     r"2fa|otp|totp|sms|backup|recovery|building|bike|locker|meeting|zoom|voicemail|"
     r"porte|portail|garage|alarme|acc(?:è|e)s|v(?:é|e)rification|cadenas|coffre|immeuble|"
     r"puerta|portal|garaje|alarma|acceso|verificaci(?:ó|o)n|candado|edificio|"
-    r"t(?:ü|u)r|tor|garagen|alarm(?:anlagen)?|zugangs|best(?:ä|a)tigungs|tresor|geb(?:ä|a)ude|"
-    r"card|carte|carte\s+bleue|tarjeta|karten?|disarm|panel|pattern|\w*schloss"
+    r"t(?:ü|u)r|tor|garagen|alarm(?:anlagen?)?|zugangs|best(?:ä|a)tigungs|tresor|geb(?:ä|a)ude|"
+    r"card|carte|carte\s+bleue|tarjeta|karten?|disarm|panel|pattern|\w*schloss|"
+    r"lockbox|padlock|intercom|interphone|vault|storage|unlock|phone|ipad|tablet|laptop|casier|messagerie|"
+    r"tablette|d(?:é|e)verrouillage|desbloqueo|taquilla|trastero|port(?:ó|o)n|caja\s+fuerte|entsperr\w*|"
+    r"\w*tresor|\w*safe|garagentor|alarmanlage|\w*t(?:ü|u)r"
 )
 _CODES = (
     r"(?:" + _CODE_QUALIFIERS + r")[ -]?codes?|codes?\s+(?:de|du|de\s+la|del|de\s+l')\s*(?:" + _CODE_QUALIFIERS +
@@ -47,7 +51,7 @@ _CODES = (
 _KEYS = (
     r"(?:wifi|wi-fi|wlan|wpa2?|wep|network|licen[cs]e|product|serial|api|secret|private|master|encryption|"
     r"decryption|recovery|bitlocker|pre-?shared|psk|wireguard)[ -]?(?:key|schl(?:ü|u)ssel)|"
-    r"cl(?:é|e)\s+(?:wpa2?|wifi|api|de\s+licence)|"
+    r"cl(?:é|e)\s+(?:wpa2?|wi-?fi|api|de\s+licence)|(?:wpa-?)?psk|"
     r"wlan-schl(?:ü|u)ssel|wpa2?-schl(?:ü|u)ssel"
 )
 _SEEDS = (
@@ -66,12 +70,13 @@ _COMPOUND = (r"\w+(?:passwort|kennwort|schl(?:ü|u)ssel)|"
 _NOUN = r"(?P<noun>" + "|".join((_COMPOUND, _PASSWORD, _CODES, _KEYS, _SEEDS, _LOGINS)) + r")"
 # What binds a noun to its value: a verb of being or naming, or a colon / equals sign.
 _CONNECTOR = (
-    r"(?P<conn>(?<!\w)(?:(?:is|was|are|were|'s)(?:\s+now|\s+still)?|(?:got\s+|has\s+been\s+|was\s+)?(?:changed|set|reset)\s+to|"
+    r"(?P<conn>(?<!\w)(?:(?:is|was|are|were|'s|est|c'est|es|ist)(?:\s+(?:now|still|jetzt|maintenant|ahora))?|"
+    r"(?:got\s+|has\s+been\s+|was\s+)?(?:changed|set|reset)\s+to|"
     r"(?:a\s+été\s+|est\s+)?chang(?:é|ée)\s+en|(?:fue\s+|ha\s+sido\s+)?cambiad[ao]\s+a|(?:wurde|ist)\s+auf|"
-    r"says|reads|est|c'est|était|es|era|son|ist|lautet|war|sind)(?!\w)|=|:|\s-\s)"
+    r"(?:ge(?:ä|a)ndert|gesetzt)\s+auf|says|reads|était|era|son|lautet|war|sind)(?!\w)|=>|->|→|=|:|\s-\s)"
 )
 # A short qualifier between noun and connector: "for the staging db", "on my phone", "(garage)".
-_QUALIFIER = r"(?P<qual>(?:\s+(?!(?:is|was|est|es|ist|lautet)\b)[^\s:=.;!?]+){0,6}?)"
+_QUALIFIER = r"(?P<qual>(?:\s+(?!(?:is|was|est|es|ist|lautet|and|et|y|und|or|ou|oder)\b)[^\s:=.;!?]+){0,6}?)"
 # ``rest`` is a lookahead: a line may state several credentials ("Login: admin  Passwort: admin123").
 # "the password's pineapple": 's glued to a credential noun (only there: "the code's rules" is a possessive).
 _GLUED = r"(?P<glued>'s(?:\s+now|\s+still)?(?!\w))|"
@@ -81,13 +86,18 @@ _STATEMENT = re.compile(r"(?<![\w-])" + _NOUN + _QUALIFIER + r"\s*,?\s*(?:" + _G
 # A bare "code" is a credential only next to what it opens: "the code for the bike lock is 3177",
 # "der Code fürs Tor ist *1234" (a zip code, an error code or a code review is not).
 _BARE_CODE = re.compile(r"(?<![\w-])(?P<noun>codes?|c(?:ó|o)digo|combination|combinaison|combinaci(?:ó|o)n|kombination)"
-                        r"(?P<qual>(?:\s+[^\s:=.;!?]+){0,5}?)\s*" + _CONNECTOR +
+                        r"(?P<qual>(?:\s+(?!(?:and|et|y|und|or|ou|oder)\b)[^\s:=.;!?]+){0,7}?)\s*" + _CONNECTOR +
                         r"\s*(?=(?P<rest>.{1,400}))", re.IGNORECASE | re.DOTALL)
 _OPENS = re.compile(r"(?i)\b(?:" + _CODE_QUALIFIERS + r")\b|fürs?\s+(?:das\s+|den\s+)?tor\b")
 # A password noun right before a password-shaped value, no connector: "password welcome2024",
 # "pw applepie99", "mot de passe deploy2023", "voicemail pin 1357", "disarm code 6060".
-_ADJACENT = re.compile(r"(?<![\w-])(?P<noun>" + _PASSWORD + r"|codes?)\s+(?P<val>[^\s,;]{3,128}?)(?=[.,;!?)]*(?:\s|$))",
+_ADJACENT = re.compile(r"(?<![\w-])(?P<noun>" + _PASSWORD + r"|codes?|c(?:ó|o)digo)\s+"
+                       r"(?P<val>[^\s,;]{3,128}?)(?=[.,;!?)]*(?:\s|$))",
                        re.IGNORECASE)
+_AS_CODE = re.compile(
+    r"(?i)\b(?:mis|set|used?|puse|pusimos|usé|nehme|nahm|genommen)\s+(?P<val>[^\s,;]{3,64})\s+(?:comme|as|como|als)\s+"
+    r"(?:(?:le|la|l'|el|the|my|mon|ma|mi|mein|meine|das|den)\s*)?(?:" + _PASSWORD + "|" + _CODES +
+    r"|codes?|c(?:ó|o)digo)\b")
 _REVERSED = re.compile(
     r"(?i)\b(?:use|utilise[sz]?|usa|benutze|nimm)\s+(?P<val>[\"'`‘“«]?[^\s\"'`’”»]{3,64}[\"'`’”»]?)\s+"
     r"(?:to|pour|para|um|zum)\s+(?:log\s*(?:in|on)|sign\s+in|login|connect|unlock|te\s+connecter|"
@@ -107,6 +117,7 @@ changes change changing rotates rotating expires must should will would can coul
 did being been be optional printed strict same different safe secure insecure compromised leaked exposed
 what which who where when why how whatever
 length strength hash format policy policies owner value complexity rules history requirements
+yesterday today tomorrow tonight earlier later hier aujourd'hui demain ayer hoy mañana gestern heute morgen
 true false yes null none nil string str int integer bool boolean number bytes float list dict object array
 le la les un une des du de dans sur est pas jamais toujours incorrect obligatoire requis expiré expirée changé
 changée haché hachée accepté verrouillé bloqué correct faux bon mauvais nouveau ancien ici là
@@ -117,15 +128,17 @@ erforderlich abgelaufen geändert gesperrt gehasht akzeptiert neu alt hier
 """.split())
 # After a value, the clause ends: punctuation, a conjunction, a bracket, or the end.
 _CLAUSE_END = re.compile(
-    r"\s*(?:$|[,;.!?)](?:\s|$)|\s(?:and|but|et|mais|y|pero|und|aber|for|pour|para|für|press|appuyez|-|–|—|"
-    r"geändert|gesetzt)(?!\w)|\s\(|\s*[,;]\s)", re.IGNORECASE)
+    r"\s*(?:$|[,;.!?)]+(?:\s|$)|\s(?:and|but|et|mais|y|pero|und|aber|for|pour|para|für|press|appuyez|-|–|—|"
+    r"geändert|gesetzt|eingestellt|then|puis|luego|dann)(?!\w)|\s\(|\s*[,;]\s)",
+    re.IGNORECASE)
 _QUOTED = re.compile(r"""^[\"'`‘“«„]\s*([^\"'`’”»“]{1,200}?)\s*[\"'`’”»“]""")
 _TOKEN = re.compile(r"^([^\s,;]{3,200}?)(?=[.,;!?)]*(?:\s|$))")
 _PAIR = re.compile(r"^([\w.+@\\-]{1,64})\s*/\s*([^\s/,;]{3,128})")
 _LOGIN_ADJACENT = re.compile(
     r"(?i)\b(?:login|creds|credentials)\s+(?P<user>[\w.+@\\-]{2,64})\s*/\s*(?P<val>[^\s/,;]{3,128})")
 # "jane@x.com / Netflix2023!": an address, a spaced slash, a value (never a URL's path: "git@host/repo").
-_EMAIL_PAIR = re.compile(r"(?<![\w:/.@-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+(?:\s+/\s*|\s*/\s+)(?P<val>[^\s,;]{3,128})")
+_EMAIL_PAIR = re.compile(r"(?<![\w:/.@-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+(?:\s+/\s*|\s*/\s+|\s+:\s+)"
+                         r"(?P<val>[^\s,;]{3,128})")
 _LOGIN_WITH = re.compile(
     r"(?i)\b(?:log\s*(?:in|into|on)|login|sign\s+in|connexion|connecte(?:r|-toi|z-vous)?|conectar|con[eé]ctate|entra|"
     r"anmelden|einloggen|melde\s+dich|router-login)\b[^.\n]{0,40}?\s(?:with\s+|avec\s+|con\s+|mit\s+)?"
@@ -136,9 +149,13 @@ _UNIT = re.compile(r"(?i)^\d+\s*(?:%|characters?|chars?|digits?|letters?|days?|h
                    r"caract(?:è|e)res|chiffres|jours|d(?:í|i)gitos|d(?:í|i)as|zeichen|ziffern|tage)(?!\w)")
 # A seed phrase: a dozen or more short lower-case words (a pasted part may be elided with "...").
 _BIP39ISH = re.compile(r"^(?:[a-z]{3,8}(?:[\s,]+|\s*(?:\.{3}|…)\s*)){11,23}[a-z]{3,8}\b")
-_PHRASE_NOUNS = re.compile(r"(?i)pass-?phrase|passphrase|frase\s+de\s+paso")
-_PASSWORDISH = re.compile(r"^(?=.*[A-Za-z])(?=.*[\d!@#$%^&*+=?~]).{4,}$|^\d{3,12}$")
-_CODE_LIST = re.compile(r"^(?:(?:[0-9a-z]{3,8}(?:-[0-9a-z]{3,8})+[\s,]*){2,}|(?:\d{6,10}[\s,]+)+\d{6,10}\b)",
+_PHRASE_NOUNS = re.compile(r"(?i)pass-?phrase|passphrase|frase\s+de\s+paso|phrase\s+de\s+passe")
+_PASSWORDISH = re.compile(r"^(?=.*[A-Za-z])(?=.*[\d!@#$%^&*+=?~]).{4,}$|^[*#]?\d{3,12}[#*]?$")
+_NOW = re.compile(r"(?i)\s+(?:now|maintenant|ahora|jetzt)\b")
+_SPACED_DIGITS = re.compile(
+    r"^(?:\d(?:\s\d){3,9}|\d{3,6}(?:\s\d{3,6}){2,7})(?=\s*(?:$|[.,;!)]|\s(?:then|puis|luego|dann)\b))")
+_CODE_LIST = re.compile(r"^(?:(?:[0-9a-z]{3,8}(?:-[0-9a-z]{3,8})+[\s,]*){2,}|"
+                        r"(?:\d{4,10}(?:\s\d{4,10})?\s*[\s,/]\s*){2,}\d{4,10}\b)",
                         re.IGNORECASE)
 _CREDENTIAL_WORDS = re.compile(
     r"(?i)^(?:user(?:name)?|pass(?:word)?|login|pw|pwd|email|e-mail|utilisateur|identifiant|mot|mdp|usuario|"
@@ -175,10 +192,12 @@ def _value_after(noun: str, rest: str) -> bool:
         token = _TOKEN.match(rest)  # an OTP seed: one long base32 or hex string
         return bool(token and len(token.group(1)) >= 12 and _PASSWORDISH.match(token.group(1))
                     and not _benign_token(token.group(1)))
-    if low_noun.endswith(("codes", "códigos")) and _CODE_LIST.match(rest):
+    if re.search(r"codes|c(?:ó|o)digos", low_noun) and _CODE_LIST.match(rest):
         return True
     if _UNIT.match(rest):
         return False  # "at least 12 characters", "4 digits", "98%"
+    if _SPACED_DIGITS.match(rest):
+        return True  # "3 3 0 7", "4729 1836 5502 9917": one code, read out or grouped
     quoted = _QUOTED.match(rest)
     if quoted:
         value = quoted.group(1)
@@ -193,7 +212,7 @@ def _value_after(noun: str, rest: str) -> bool:
     if _benign_token(value):
         return False
     after = rest[token.end():]
-    if _CLAUSE_END.match(after):
+    if _CLAUSE_END.match(after) or (_PASSWORDISH.match(value) and _NOW.match(after)):
         return True
     # A passphrase is several words: "tiny purple dragon", up to the end of the clause.
     words = re.match(r"^((?:[^\s,;.!?]+\s+){1,7}[^\s,;.!?]+)(?=[.,;!?]*(?:\s*$|[,;]))", rest)
@@ -213,23 +232,33 @@ _TOKEN_SHAPE = re.compile(r"^(?=.*[A-Za-z])(?=.*\d)[\w.+/=~-]{8,}$")
 _LOCKS = (
     r"(?:door|gate|garage|alarm|entry|access|lock|safe|building|locker|gym|bike)[ -]?codes?|key\s*pad|lock\s*box|"
     r"key\s*safe|key\s+code|padlock(?:\s+code)?|combination\s+lock|zahlenkombination|schlosskombination|"
+    r"(?:bike|gym|locker|cable)\s+lock|\w*schloss|\w*tresor|\w*safe|candado|cadenas|"
+    r"(?:phone|tablet|ipad|laptop|screen)\s+(?:unlock|passcode|pin|lock)|"
+    r"codes?\s+(?:alarme|portail|porte|immeuble|garage|wi-?fi)|"
     r"PUK(?:\s+code)?|pass\s*key|digicode|code\s+d'(?:entr(?:é|e)e|acc(?:è|e)s)|bo(?:î|i)te\s+(?:à|a)\s+cl(?:é|e)s|"
     r"caja\s+(?:de\s+llaves|fuerte)|c(?:ó|o)digo\s+del\s+port(?:ó|o)n|schl(?:ü|u)sselsafe|"
     r"geheimzahl|kenncode|zugangscode|t(?:ü|u)rcode"
 )
-_CODE_VALUE = r"(?P<val>[*#]?(?:\d{3,12}|\d{1,4}(?:[ -]\d{1,4}){1,5}|(?=[A-Za-z]{0,3}\d)[A-Za-z\d]{4,8})[#*]?)"
+_CODE_VALUE = (r"(?P<val>[*#]?(?:\d(?:\s\d){3,7}|\d{3,12}|\d{1,4}(?:[ -]\d{1,4}){1,5}|"
+               r"(?=[A-Za-z]{0,3}\d)[A-Za-z\d]{4,8})[#*]?)")
+_PLACES = re.compile(
+    r"(?i)(?<![\w-])(?P<noun>doors?|gates?|garage|portail|porte|puerta|port(?:ó|o)n|t(?:ü|u)r|tor)"
+    r"(?P<qual>(?:\s+[^\s:=.;!?]+){0,3}?)\s*" + _CONNECTOR + r"\s*(?:opens\s+with\s+|abre\s+con\s+)?" +
+    _CODE_VALUE + r"(?=[.,;!?)]*(?:\s|$))")
 # A combination is a lock's only next to the lock: "combo for the bike lock is 4062", not "a combination
 # of both drugs (n=8502)".
 _COMBINATION = r"combos?|combinations?|combinaisons?|combinaci(?:ó|o)n(?:es)?|kombination(?:en)?"
 _LOCK_CODE = re.compile(
-    r"(?i)(?<![\w-])(?P<noun>" + _LOCKS + "|" + _COMBINATION + r")(?:(?P<qual>(?:\s+[^\s:=.;!?]+){0,5}?)\s*" +
+    r"(?i)(?<![\w-])(?P<noun>" + _LOCKS + "|" + _CODES + "|" + _COMBINATION + r")"
+    r"(?:(?P<qual>(?:\s+[^\s:=.;!?]+){0,5}?)\s*" +
     _CONNECTOR + r")?\s*" +
     _CODE_VALUE + r"(?=[.,;!?)]*(?:\s|$))")
 # Someone changed or set a password to a value: "I changed the password to swordfish", "a changé son mot
 # de passe en Papillon7", "Puse la contraseña en sol123", "hat sein Passwort auf Schmetterling7 geändert".
 _SET_TO = re.compile(
     r"(?i)\b(?:chang\w*|set|reset|updated?|made|mis|modifi\w*|cambi\w*|pus[eoi]\w*|habe|hat|haben)\b[^.\n]{0,40}?"
-    r"(?<![\w-])(?:" + _PASSWORD + r")(?!\w)\s+(?:to|en|à|a|auf)\s+(?P<val>[\"'`‘“«]?[^\s\"'`’”»,;]{3,64}[\"'`’”»]?)")
+    r"(?<![\w-])(?:" + _PASSWORD + "|" + _LOCKS + "|" + _CODES + r")(?!\w)(?:\s+[^\s,;:]+){0,3}?"
+    r"(?:\s+(?:from|de|von)\s+\S+)?\s+(?:to|en|à|a|auf)\s+(?P<val>[\"'`‘“«]?[^\s\"'`’”»,;]{3,64}[\"'`’”»]?)")
 # "username admin password admin", "u: guest p: guest123", "usuario admin contraseña admin".
 _FIELD_PAIR = re.compile(
     r"(?i)(?<![\w-])(?:(?:user(?:name)?|usuario|utilisateur|identifiant|benutzer(?:name)?|account)(?!\w)\s*[:=]?|"
@@ -242,10 +271,24 @@ _DEFAULT_PAIR = re.compile(r"(?i)(?<![\w/.@:-])(?P<user>" + _DEFAULT_USERS + r")
                            r"(?P<val>[^\s/,;:]{3,64})(?=[.,;!?)]*(?:\s|$))")
 # "Kibana: elastic / changeme2", "Steam: gamer_99 / Fr4gM3!": a label, then an account and a value
 # with digits or symbols across a spaced slash (words alone there are alternatives: "Input: text / image").
-_LABELLED_PAIR = re.compile(r"(?:^|[.;]\s+)[\w .'-]{2,30}?:\s*(?P<user>[\w.@+\\-]{2,64})\s+/\s+"
+_LABELLED_PAIR = re.compile(r"(?:^|[.;]\s+)[\w .'()-]{2,30}?:\s*(?P<user>[\w.@+\\-]{2,64})\s+/\s+"
                             r"(?P<val>[^\s/,;]{3,128})(?=[.,;!?)]*(?:\s|$))")
 _SSH_ANY = re.compile(r"(?i)\bssh\b[^\n]{0,60}?\b(?:" + _PASSWORD + r")(?!\w)\s*[:=]?\s*(?P<val>[^\s,;]{3,64})"
                       r"(?=[.,;!?)]*(?:\s|$))")
+
+
+# In a line about a wifi network, its key: "Wifi: SSID NETGEAR47, key: purplecanoe512", "clé Lavande-84".
+_WIFI_LINE = re.compile(r"(?i)\b(?:wi-?fi|wlan|ssid|wpa2?)\b")
+_WIFI_KEY = re.compile(
+    r"(?i)(?<![\w-])(?:key|cl(?:é|e)|clave|schl(?:ü|u)ssel|pass(?:word)?|pw|mot\s+de\s+passe|contrase(?:ñ|n)a|"
+    r"passwort)(?:\s+for\s+[^:\n]{1,30}?)?\s*[:=]?\s+(?P<val>[^\s,;]{4,64}?)(?=[.,;!?)]*(?:\s|$))")
+_WIFI_WORDS = frozenset("network réseau red netzwerk ssid name nombre nom".split())
+# "new one: Brew&Byte_2024", "new is Autumn2023!" (after a credential noun earlier in the line)
+_NEW_ONE = re.compile(r"(?i)\b(?:new\s+(?:one|is|pw|pass(?:word)?|code|pin)|nouveau|nouvelle|nueva|nuevo|neues?)"
+                      r"\s*(?:is|:|=|est|es|ist)?\s*(?P<val>[^\s,;]{4,64})(?=[.,;!?)]*(?:\s|$))")
+# "token dckr_pat_8Hk2...": a token noun right before a long token-shaped value
+_TOKEN_ADJACENT = re.compile(r"(?i)(?<![\w-])(?:token|secret|jeton|api\s+key)\s+(?P<val>[\w.+/=~-]{16,200})"
+                             r"(?=[.,;!?)]*(?:\s|$))")
 
 
 def _pair_value(user: str | None, value: str, default_user: bool) -> bool:
@@ -265,6 +308,15 @@ def find_statement(line: str) -> str | None:
             token = _TOKEN.match(match.group("rest").lstrip(" \t:"))
             if not (token and _PASSWORDISH.match(token.group(1))):
                 continue  # "first pass: tokenize" is a step; "pass: dragon2020" and "the pass is letmein" are not
+        qual = match.group("qual")
+        # Across a comma ("a password prompt, it's phishing" vs "the wifi password got changed, it's now
+        # Welcome2Harbor!") and after the slang "contra" (a common Spanish word), a password-shaped value only.
+        loose = noun.lower() == "contra" or bool(qual.strip() and (
+            "," in line[match.end("qual"):match.start("rest")] or (match.group("glued") and "," in qual)))
+        if loose:
+            token = _TOKEN.match(re.sub(r"^(?:now|maintenant|ahora|jetzt)\s+", "", match.group("rest").lstrip(" \t:")))
+            if not (token and _PASSWORDISH.match(token.group(1)) and not _benign_token(token.group(1))):
+                continue
         if _value_after(noun, match.group("rest")):
             return "prose_credential"
     for match in _TOKEN_NOUN.finditer(line):
@@ -289,8 +341,10 @@ def find_statement(line: str) -> str | None:
         if re.fullmatch(_COMBINATION, match.group("noun"), re.IGNORECASE) and not (
                 _OPENS.search(match.group("qual") or "") or _OPENS.search(before)):
             continue
-        if match.group("conn") is not None or not match.group("qual"):
-            return "prose_credential"
+        if match.group("conn") is not None or len((match.group("qual") or "").split()) <= 1:
+            return "prose_credential"  # "digicode immeuble 2581A": one word between, no connector
+    if _PLACES.search(line):
+        return "prose_credential"
     for match in _SET_TO.finditer(line):
         value = match.group("val").strip("\"'`‘’“”«»")
         if not _benign_token(value) and (_PASSWORDISH.match(value) or _CLAUSE_END.match(line[match.end():])):
@@ -306,7 +360,17 @@ def find_statement(line: str) -> str | None:
         user = match.group("user")
         if _pair_value(user, match.group("val"), bool(re.fullmatch(_DEFAULT_USERS, user, re.IGNORECASE))):
             return "prose_credential"
-    for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _SSH_ANY, _LOGIN_ADJACENT, _REVERSED):
+    if (wifi := _WIFI_LINE.search(line)) is not None:
+        for match in _WIFI_KEY.finditer(line, wifi.start()):
+            if not _benign_token(match.group("val")) and match.group("val").lower() not in _WIFI_WORDS:
+                return "prose_credential"
+    for match in _NEW_ONE.finditer(line):
+        if _PASSWORDISH.match(match.group("val").rstrip(".,;!?")) and not _benign_token(match.group("val")):
+            return "prose_credential"
+    for match in _TOKEN_ADJACENT.finditer(line):
+        if _TOKEN_SHAPE.match(match.group("val")) and not _benign_token(match.group("val")):
+            return "prose_credential"
+    for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _SSH_ANY, _LOGIN_ADJACENT, _REVERSED, _AS_CODE):
         for match in pattern.finditer(line):
             value = match.group("val").strip("\"'`‘’“”«»")
             user = match.groupdict().get("user")

@@ -265,6 +265,7 @@ ISSUE_BENIGN = ["Login flow: user/pass then TOTP.", "Set the session cookie to S
 
 
 HELDOUT_SHA256 = "e9650b291cafeffbcd29f699aef8598e16d7a84a3e78dc7d95c633c77d42376a"
+HELDOUT2_SHA256 = "ae2add287bc46ebc22aa671015347da6b1f1e0c27183c7b3be7a834e9283b9bd"
 
 
 def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
@@ -272,16 +273,23 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
 
     assert hashlib.sha256(secrets_eval.FROZEN.read_bytes()).hexdigest() == FROZEN_SHA256  # never edited to fit
     assert hashlib.sha256(secrets_eval.HELDOUT.read_bytes()).hexdigest() == HELDOUT_SHA256
+    assert hashlib.sha256(secrets_eval.HELDOUT2.read_bytes()).hexdigest() == HELDOUT2_SHA256
 
 
-def test_the_held_out_corpus_keeps_its_measured_floor() -> None:
-    """558 sentences written by another engineer and never looked at while the statement rules were
-    written: recall 0.812, false-positive rate 0.007 when first run (issue 24's target, 0.98 / 0.02,
-    is NOT met on it). A floor, so a change that loses ground on unseen phrasing fails here."""
-    examples = secrets_eval.load_corpus(secrets_eval.HELDOUT)
-    assert len(examples) == 558
-    result = secrets_eval.score_policy(examples, "held-out")
-    assert result.recall >= 0.80 and result.fpr <= 0.01, (result.recall, result.fpr)
+@pytest.mark.parametrize(("path", "size", "recall", "fpr"), [
+    # Round 1: 558 sentences by another engineer; first run 0.812 / 0.007, then the rules were developed on it.
+    (secrets_eval.HELDOUT, 558, 0.98, 0.01),
+    # Round 2: 523 sentences written blind to the code and the other corpora; first run 0.704 / 0.019 (the
+    # unseen measurement of round 1's rules), then developed on: 0.927 / 0.004.
+    (secrets_eval.HELDOUT2, 523, 0.92, 0.01),
+])
+def test_the_held_out_rounds_keep_their_floors(path: Path, size: int, recall: float, fpr: float) -> None:
+    """Floors, so a change that loses ground on either round fails here. Neither is unseen any more:
+    the next unseen measurement needs a third round, written and run once."""
+    examples = secrets_eval.load_corpus(path)
+    assert len(examples) == size and {e["lang"] for e in examples} == {"en", "fr", "es", "de"}
+    result = secrets_eval.score_policy(examples, path.stem)
+    assert result.recall >= recall and result.fpr <= fpr, (result.recall, result.fpr)
 
 
 def test_the_frozen_corpus_meets_the_targets() -> None:
