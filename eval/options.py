@@ -203,18 +203,14 @@ def sizes(value: str) -> list[int]:
 def store(url: str | None, master_key_file: Path | None) -> tuple[str, Path] | None:
     """``--store URL --master-key-file FILE``: run the engine on an initialised PostgreSQL store
     (each collection in its own scope) instead of a DuckDB store in the cache dir."""
-    if url is None:
-        if master_key_file is not None:
-            raise OptionError("--master-key-file applies to a PostgreSQL store only (--store URL)")
-        return None
-    from engram_memory.store.postgres.url import check_store_url  # psycopg's parser, no connection
+    from engram_memory.store.postgres.url import check_store_options  # psycopg's parser, no connection
 
     try:
-        check_store_url(url)
+        check_store_options(url, master_key_file)
     except ValueError as exc:
         raise OptionError(str(exc)) from None
-    if master_key_file is None:
-        raise OptionError("--store needs --master-key-file FILE (written by: engram-memory admin init-store)")
+    if url is None or master_key_file is None:
+        return None
     if not Path(master_key_file).is_file():
         raise OptionError(f"--master-key-file {master_key_file} is not a file")
     return url, Path(master_key_file)

@@ -24,6 +24,15 @@ CHANNELS: tuple[Channel, ...] = ("lexical", "semantic")
 _POLICY_DEFAULTS = HostPolicy()
 
 
+def store_pair_problem(store: str | None, master_key_file: object) -> str | None:
+    """Why ``--store`` and ``--master-key-file`` do not go together as given (None: they do)."""
+    if store is not None and master_key_file is None:
+        return "--store needs --master-key-file FILE (written by: engram-memory admin init-store)"
+    if store is None and master_key_file is not None:
+        return "--master-key-file applies to a PostgreSQL store only (--store URL)"
+    return None
+
+
 def default_data_dir() -> Path:
     """``$XDG_DATA_HOME/engram-memory``, or ``~/.local/share/engram-memory``."""
     xdg = os.environ.get("XDG_DATA_HOME", "")
@@ -107,10 +116,9 @@ class EngineSettings(BaseModel):
             raise ValueError("record_id can never be redacted")
         if self.hnsw_threshold < 1:
             raise ValueError("hnsw_threshold must be at least 1")
-        if self.store is not None and self.master_key_file is None:
-            raise ValueError("--store needs --master-key-file FILE (written by: engram-memory admin init-store)")
-        if self.store is None and self.master_key_file is not None:
-            raise ValueError("--master-key-file applies to a PostgreSQL store only (--store URL)")
+        problem = store_pair_problem(self.store, self.master_key_file)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def host_policy(self) -> HostPolicy:

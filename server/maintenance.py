@@ -80,17 +80,12 @@ def rebuild_index_cmd(
         problem = _check_model_path(model_path)
         if problem:
             raise _fail(problem)
-    if store is not None:
-        from engram_memory.store.postgres.url import check_store_url
+    from engram_memory.store.postgres.url import check_store_options
 
-        try:
-            check_store_url(store)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
-        if master_key_file is None:
-            raise _fail("--store needs --master-key-file FILE (written by: engram-memory admin init-store)")
-    elif master_key_file is not None:
-        raise _fail("--master-key-file applies to a PostgreSQL store only (--store URL)")
+    try:
+        check_store_options(store, master_key_file)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     target = data_dir or default_data_dir()
 
     # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).

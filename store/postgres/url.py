@@ -49,3 +49,14 @@ def redact_url(text: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<unparseable store URL withheld>"
+
+
+def check_store_options(url: str | None, master_key_file: object) -> None:
+    """A command's ``--store`` / ``--master-key-file`` pair: ValueError with the one line to print."""
+    from engram_memory.models.settings import store_pair_problem
+
+    problem = store_pair_problem(url, master_key_file)
+    if problem:
+        raise ValueError(problem)
+    if url is not None:
+        check_store_url(url)
