@@ -313,7 +313,12 @@ def store_backend(name: str, request: pytest.FixtureRequest, key_dir: Path) -> I
                                "--store", url, "--master-key-out", str(key_file)],
                               env=env, capture_output=True, text=True, timeout=120, cwd=str(REPO))
         assert done.returncode == 0, done.stderr
-        yield Backend("postgres", url, key_file)
+        chosen = Backend("postgres", url, key_file)
+        yield chosen
+        # init-store leaves the epoch at 0 and every node's open bumps it: a test that never opened
+        # this store (its server silently on DuckDB) must not pass as a PostgreSQL run.
+        _, epoch = chosen.query(key_dir, "SELECT value FROM meta WHERE key = 'storage_epoch'")
+        assert epoch and int(epoch[0][0]) >= 1, "no node ever opened the PostgreSQL store of this test"
 
 
 BACKENDS = ["duckdb", "postgres"]
