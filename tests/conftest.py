@@ -1,5 +1,6 @@
 """Shared fixtures: temp data dirs, an offline env, and a REAL `engram-memory serve` subprocess
-driven by the MCP SDK's own stdio client (no mock of anything of ours)."""
+driven by the MCP SDK's own stdio client (no mock of anything of ours), on either store backend
+(``backend``: DuckDB in the data dir, or a real PostgreSQL database made by `admin init-store`)."""
 
 from __future__ import annotations
 

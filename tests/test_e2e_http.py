@@ -1,4 +1,8 @@
-"""End to end over streamable HTTP with per-call signed host contexts (the real server and SDK)."""
+"""End to end over streamable HTTP with per-call signed host contexts (the real server and SDK).
+
+The module's shared server runs once per store backend (DuckDB, then a fresh PostgreSQL database:
+the replay cache is then the store's shared table), and so do the audit and stop tests; rate limits,
+host-key reloads and the bind address never reach the store and run on DuckDB only."""
 
 from __future__ import annotations
 

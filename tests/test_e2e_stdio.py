@@ -1,5 +1,9 @@
 """End to end over stdio: a real `engram-memory serve` subprocess, the real engine and store,
-driven by the MCP SDK's ClientSession. Nothing of ours is mocked."""
+driven by the MCP SDK's ClientSession. Nothing of ours is mocked.
+
+Every test that reaches the store runs on both store backends (conftest's ``backend``: DuckDB and a
+fresh PostgreSQL database); those answered before the store is touched (schema, grants, purpose,
+launch refusals, tool listing) run on DuckDB only."""
 
 from __future__ import annotations
 
