@@ -73,16 +73,14 @@ class Backend:
             return []
         return ["--store", self.store, "--master-key-file", str(self.master_key_file)]
 
-    def __str__(self) -> str:
-        return self.name
-
-    def query(self, data_dir: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Column names and rows of a read-only query on the store a stopped server used: its DuckDB
-        file, or its PostgreSQL database (read directly: opening a store is a node's open, with its
-        epoch bump and heartbeat, which an inspection must not be)."""
+    def query(self, sql: str, data_dir: Path | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column names and rows of a read-only query on the store a stopped server used: the DuckDB
+        file in ``data_dir``, or the PostgreSQL database (read directly: opening a store is a node's
+        open, with its epoch bump and heartbeat, which an inspection must not be)."""
         if self.store is None:
             import duckdb
 
+            assert data_dir is not None, "a DuckDB store lives in a data dir"
             with duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True) as con:
                 cur = con.execute(sql)
                 return [d[0] for d in cur.description or []], cur.fetchall()
@@ -318,7 +316,7 @@ def store_backend(name: str, request: pytest.FixtureRequest, key_dir: Path) -> I
         yield chosen
         # init-store leaves the epoch at 0 and every node's open bumps it: a test that never opened
         # this store (its server silently on DuckDB) must not pass as a PostgreSQL run.
-        _, epoch = chosen.query(key_dir, "SELECT value FROM meta WHERE key = 'storage_epoch'")
+        _, epoch = chosen.query("SELECT value FROM meta WHERE key = 'storage_epoch'")
         assert epoch and int(epoch[0][0]) >= 1, "no node ever opened the PostgreSQL store of this test"
 
 

@@ -565,7 +565,7 @@ async def test_audit_rows_carry_identity_outcome_and_jti_but_no_arguments(
             assert error_code(await envelope_of(c, "search", search_args(query), meta)) == "DEADLINE_EXCEEDED"
             sent[jti_of(meta)] = ("search", "DEADLINE_EXCEEDED")
 
-    columns, table = backend.query(data_dir, "SELECT * FROM audit")
+    columns, table = backend.query("SELECT * FROM audit", data_dir)
     rows = [dict(zip(columns, r, strict=True)) for r in table]
     assert {"principal", "agent_id", "session", "tool", "ok", "code", "context_jti"} <= set(columns)
     by_jti = {r["context_jti"]: r for r in rows}
@@ -611,10 +611,10 @@ async def test_sigterm_closes_the_engine(kit: HostKit, tmp_path_factory: pytest.
             assert (await c.call("capture", capture_args("Stopping cleanly keeps the audit row.")))["ok"]
         assert (data_dir / "engram.sock").exists()
         if backend.store is not None:
-            assert backend.query(data_dir, "SELECT count(*) FROM nodes")[1] == [(1,)]
+            assert backend.query("SELECT count(*) FROM nodes", data_dir)[1] == [(1,)]
     assert not (data_dir / "engram.sock").exists()
     assert not (data_dir / "engram.duckdb.wal").exists()
-    assert backend.query(data_dir, "SELECT count(*) FROM audit WHERE tool LIKE '%capture'")[1] == [(1,)]
+    assert backend.query("SELECT count(*) FROM audit WHERE tool LIKE '%capture'", data_dir)[1] == [(1,)]
     if backend.store is not None:
         assert not (data_dir / "engram.duckdb").exists()
-        assert backend.query(data_dir, "SELECT count(*) FROM nodes")[1] == [(0,)]
+        assert backend.query("SELECT count(*) FROM nodes", data_dir)[1] == [(0,)]

@@ -207,7 +207,7 @@ async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_d
         assert conflict["error"]["code"] == "DIGEST_CONFLICT"
 
     # Every envelope was recorded in the audit trail under its auditId; the raw key never was.
-    _, table = backend.query(data_dir, "SELECT audit_id, tool, ok, code, idk, scope_ref, agent_id FROM audit")
+    _, table = backend.query("SELECT audit_id, tool, ok, code, idk, scope_ref, agent_id FROM audit", data_dir)
     rows = {r[0]: r[1:] for r in table}
     idk = "idk_" + hashlib.sha256(b"replay-key-0000000001").hexdigest()[:12]
     scope, agent = "tenant:tenant-a/workspace:ws-1", "agent-7"

@@ -429,9 +429,9 @@ async def test_golden_transcript(tmp_path: Path, offline_env: dict[str, str], ba
 
     # The script ran on the store it was given: two opens (two storage epochs, which the receipts
     # digest), the journal in that store, and no DuckDB file beside a PostgreSQL node.
-    _, epoch = backend.query(data_dir, "SELECT value FROM meta WHERE key = 'storage_epoch'")
+    _, epoch = backend.query("SELECT value FROM meta WHERE key = 'storage_epoch'", data_dir)
     assert epoch == [("2",)], epoch
-    _, events = backend.query(data_dir, "SELECT count(*) FROM journal")
+    _, events = backend.query("SELECT count(*) FROM journal", data_dir)
     assert events[0][0] > 0, events
     assert (data_dir / "engram.duckdb").exists() is (backend.store is None)
 
