@@ -1,5 +1,6 @@
 """Shared fixtures: temp data dirs, an offline env, and a REAL `engram-memory serve` subprocess
-driven by the MCP SDK's own stdio client (no mock of anything of ours)."""
+driven by the MCP SDK's own stdio client (no mock of anything of ours), on either store backend
+(``backend``: DuckDB in the data dir, or a real PostgreSQL database made by `admin init-store`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,44 @@ def data_dir_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
     return make
 
 
+@dataclass(frozen=True)
+class Backend:
+    """The store a server subprocess opens: DuckDB in its data dir (``store`` None, the default), or
+    a PostgreSQL database made by the real ``admin init-store`` with its master key file."""
+
+    name: str
+    store: str | None = None
+    master_key_file: Path | None = None
+
+    def args(self) -> list[str]:
+        """The launch options that select this store (none for DuckDB: its argv is today's)."""
+        if self.store is None:
+            return []
+        return ["--store", self.store, "--master-key-file", str(self.master_key_file)]
+
+    def query(self, sql: str, data_dir: Path | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Column names and rows of a read-only query on the store a stopped server used: the DuckDB
+        file in ``data_dir``, or the PostgreSQL database (read directly: opening a store is a node's
+        open, with its epoch bump and heartbeat, which an inspection must not be)."""
+        if self.store is None:
+            import duckdb
+
+            assert data_dir is not None, "a DuckDB store lives in a data dir"
+            with duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True) as con:
+                cur = con.execute(sql)
+                return [d[0] for d in cur.description or []], cur.fetchall()
+        import psycopg
+
+        with psycopg.connect(self.store, autocommit=True) as conn:
+            pg = conn.execute(sql.encode())
+            return [d.name for d in pg.description or []], pg.fetchall()
+
+
+DUCKDB = Backend("duckdb")
+
+
 def serve_argv(data_dir: Path, *, tools: str | None = ALL, context: dict[str, str] | None = None,
-               extra: list[str] | None = None) -> list[str]:
+               extra: list[str] | None = None, backend: Backend = DUCKDB) -> list[str]:
     """`python -m engram_memory.server.cli serve ...` for a context (None: CONTEXT; {}: none bound)."""
     argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(data_dir),
             "--log-level", "DEBUG"]
@@ -66,7 +103,7 @@ def serve_argv(data_dir: Path, *, tools: str | None = ALL, context: dict[str, st
         argv += ["--" + key.replace("_", "-"), value]
     if tools is not None:
         argv += ["--tools", tools]
-    return argv + (extra or [])
+    return argv + backend.args() + (extra or [])
 
 
 # ---- elicitation: the "human" behind the host -------------------------------------------------
@@ -156,8 +193,9 @@ def start_server(offline_env: dict[str, str]) -> Callable[..., Any]:
     """`async with start_server(data_dir, human=..., tools=..., context=..., extra=[...]) as mcp:`"""
 
     def start(data_dir: Path, *, human: Human | None = None, tools: str | None = ALL,
-              context: dict[str, str] | None = None, extra: list[str] | None = None) -> Any:
-        argv = serve_argv(data_dir, tools=tools, context=context, extra=extra)
+              context: dict[str, str] | None = None, extra: list[str] | None = None,
+              backend: Backend = DUCKDB) -> Any:
+        argv = serve_argv(data_dir, tools=tools, context=context, extra=extra, backend=backend)
         return mcp_server(argv, offline_env, human=human)
 
     return start
@@ -230,9 +268,9 @@ def pg_url() -> Iterator[str]:
         subprocess.run(["bash", str(REPO / ".ci" / "pg"), "stop", env["ENGRAM_TEST_PG_DIR"]], check=False)
 
 
-@pytest.fixture
-def pg_database(pg_url: str) -> Iterator[str]:
-    """A fresh, empty database for one test (CREATE DATABASE over the admin URL; dropped afterwards)."""
+@contextmanager
+def fresh_database(pg_url: str) -> Iterator[str]:
+    """A fresh, empty database (CREATE DATABASE over the admin URL; dropped afterwards): its URL."""
     import secrets
     from urllib.parse import urlsplit
 
@@ -249,3 +287,44 @@ def pg_database(pg_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
+
+
+@pytest.fixture
+def pg_database(pg_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test (CREATE DATABASE over the admin URL; dropped afterwards)."""
+    with fresh_database(pg_url) as url:
+        yield url
+
+
+@contextmanager
+def store_backend(name: str, request: pytest.FixtureRequest, key_dir: Path) -> Iterator[Backend]:
+    """DUCKDB, or a fresh PostgreSQL database initialised by the real ``engram-memory admin init-store``
+    (its master key file written under ``key_dir``)."""
+    if name == "duckdb":
+        yield DUCKDB
+        return
+    assert name == "postgres", name
+    pg_url = request.getfixturevalue("pg_url")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with fresh_database(pg_url) as url:
+        key_file = key_dir / "master.key"
+        done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "admin", "init-store",
+                               "--store", url, "--master-key-out", str(key_file)],
+                              env=env, capture_output=True, text=True, timeout=120, cwd=str(REPO))
+        assert done.returncode == 0, done.stderr
+        chosen = Backend("postgres", url, key_file)
+        yield chosen
+        # init-store leaves the epoch at 0 and every node's open bumps it: a test that never opened
+        # this store (its server silently on DuckDB) must not pass as a PostgreSQL run.
+        _, epoch = chosen.query("SELECT value FROM meta WHERE key = 'storage_epoch'")
+        assert epoch and int(epoch[0][0]) >= 1, "no node ever opened the PostgreSQL store of this test"
+
+
+BACKENDS = ["duckdb", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """Each store backend in turn, fresh for one test (issue 22: the same contract on both)."""
+    with store_backend(request.param, request, tmp_path_factory.mktemp("store-key")) as chosen:
+        yield chosen

@@ -31,7 +31,7 @@ from engram_memory.models.hostauth import (
     load_private_key,
 )
 from engram_memory.server.hostkeys import keygen
-from tests.conftest import PURPOSE, check_result
+from tests.conftest import DUCKDB, PURPOSE, Backend, check_result
 
 ALL_TOOL_NAMES: tuple[str, ...] = ALL_TOOLS
 
@@ -99,12 +99,13 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float = 90) 
 
 
 @contextmanager
-def http_server(data_dir: Path, kit: HostKit, env: dict[str, str], extra: Sequence[str] = ()) -> Iterator[HttpServer]:
-    """A real ``engram-memory serve --http`` process (lexical only: fast to start)."""
+def http_server(data_dir: Path, kit: HostKit, env: dict[str, str], extra: Sequence[str] = (),
+                backend: Backend = DUCKDB) -> Iterator[HttpServer]:
+    """A real ``engram-memory serve --http`` process (lexical only: fast to start) on ``backend``'s store."""
     port = free_port()
     argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
             "--data-dir", str(data_dir), "--host-keys", str(kit.host_keys), "--no-semantic",
-            "--log-level", "DEBUG", *extra]
+            "--log-level", "DEBUG", *backend.args(), *extra]
     err_path = data_dir.parent / f"{data_dir.name}-http-{port}.stderr"
     with err_path.open("w") as err:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)

@@ -1,4 +1,8 @@
-"""End to end over streamable HTTP with per-call signed host contexts (the real server and SDK)."""
+"""End to end over streamable HTTP with per-call signed host contexts (the real server and SDK).
+
+The module's shared server runs once per store backend (DuckDB, then a fresh PostgreSQL database:
+the replay cache is then the store's shared table), and so do the audit and stop tests; rate limits,
+host-key reloads and the bind address never reach the store and run on DuckDB only."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import duckdb
 import httpx2
 import jwt
 import pytest
@@ -21,7 +24,17 @@ from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.hostauth import CONFIRMATION_META_KEY, CONTEXT_META_KEY, HostSigner, new_private_key
 from engram_memory.server.hostkeys import host_entry
-from tests.conftest import PURPOSE, capture_args, check_result, get_args, key, search_args
+from tests.conftest import (
+    BACKENDS,
+    PURPOSE,
+    Backend,
+    capture_args,
+    check_result,
+    get_args,
+    key,
+    search_args,
+    store_backend,
+)
 from tests.http_fixtures import (
     HostKit,
     HttpServer,
@@ -44,10 +57,18 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> HostKit:
     return kit
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """Each store backend in turn for the module's shared server (the tests below use distinct tenants)."""
+    with store_backend(request.param, request, tmp_path_factory.mktemp("store-key")) as chosen:
+        yield chosen
+
+
 @pytest.fixture(scope="module")
-def server(kit: HostKit, tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str]) -> Iterator[HttpServer]:
+def server(kit: HostKit, tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str],
+           module_backend: Backend) -> Iterator[HttpServer]:
     data_dir: Path = tmp_path_factory.mktemp("http-data")
-    with http_server(data_dir, kit, offline_env) as srv:
+    with http_server(data_dir, kit, offline_env, backend=module_backend) as srv:
         yield srv
 
 
@@ -513,7 +534,7 @@ async def test_sighup_rotates_host_keys(tmp_path_factory: pytest.TempPathFactory
 
 
 async def test_audit_rows_carry_identity_outcome_and_jti_but_no_arguments(
-        kit: HostKit, tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str]) -> None:
+        kit: HostKit, tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], backend: Backend) -> None:
     data_dir = tmp_path_factory.mktemp("http-audit")
     host = host_context(tenant="audit", principal="auditee", agent_id="agent-audit", session="sess-audit")
     secret_text = "Audit secret narwhal text never lands in the audit trail."
@@ -523,7 +544,7 @@ async def test_audit_rows_carry_identity_outcome_and_jti_but_no_arguments(
     def jti_of(meta: dict[str, Any]) -> str:
         return str(jwt.decode(meta[CONTEXT_META_KEY], options={"verify_signature": False})["jti"])
 
-    with http_server(data_dir, kit, offline_env) as srv:
+    with http_server(data_dir, kit, offline_env, backend=backend) as srv:
         async with signed_client(srv.url, kit, "host-a", host) as c:
             cap_args = capture_args(secret_text)
             meta = c.meta()
@@ -544,12 +565,8 @@ async def test_audit_rows_carry_identity_outcome_and_jti_but_no_arguments(
             assert error_code(await envelope_of(c, "search", search_args(query), meta)) == "DEADLINE_EXCEEDED"
             sent[jti_of(meta)] = ("search", "DEADLINE_EXCEEDED")
 
-    con = duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True)
-    try:
-        columns = [r[0] for r in con.execute("DESCRIBE audit").fetchall()]
-        rows = [dict(zip(columns, r, strict=True)) for r in con.execute("SELECT * FROM audit").fetchall()]
-    finally:
-        con.close()
+    columns, table = backend.query("SELECT * FROM audit", data_dir)
+    rows = [dict(zip(columns, r, strict=True)) for r in table]
     assert {"principal", "agent_id", "session", "tool", "ok", "code", "context_jti"} <= set(columns)
     by_jti = {r["context_jti"]: r for r in rows}
     assert len(by_jti) == len(rows) == len(sent)
@@ -585,14 +602,19 @@ def test_allow_remote_binds_beyond_loopback_and_warns_about_tls(kit: HostKit, tm
 
 
 async def test_sigterm_closes_the_engine(kit: HostKit, tmp_path_factory: pytest.TempPathFactory,
-                                         offline_env: dict[str, str]) -> None:
-    """A stop checkpoints DuckDB (no WAL left), flushes the audit and removes the socket."""
+                                         offline_env: dict[str, str], backend: Backend) -> None:
+    """A stop flushes the audit and removes the socket; it checkpoints DuckDB (no WAL left), and a
+    PostgreSQL node leaves the store's list of live nodes (a forget then no longer waits for it)."""
     data_dir = tmp_path_factory.mktemp("http-stop")
-    with http_server(data_dir, kit, offline_env) as srv:
+    with http_server(data_dir, kit, offline_env, backend=backend) as srv:
         async with signed_client(srv.url, kit, "host-a", host_context(tenant="stop")) as c:
             assert (await c.call("capture", capture_args("Stopping cleanly keeps the audit row.")))["ok"]
         assert (data_dir / "engram.sock").exists()
+        if backend.store is not None:
+            assert backend.query("SELECT count(*) FROM nodes", data_dir)[1] == [(1,)]
     assert not (data_dir / "engram.sock").exists()
     assert not (data_dir / "engram.duckdb.wal").exists()
-    with duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT count(*) FROM audit WHERE tool LIKE '%capture'").fetchone() == (1,)
+    assert backend.query("SELECT count(*) FROM audit WHERE tool LIKE '%capture'", data_dir)[1] == [(1,)]
+    if backend.store is not None:
+        assert not (data_dir / "engram.duckdb").exists()
+        assert backend.query("SELECT count(*) FROM nodes", data_dir)[1] == [(0,)]

@@ -8,13 +8,13 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tests.conftest import REPO, Human, capture_args, check_result, get_args, key, serve_argv
+from tests.conftest import DUCKDB, REPO, Backend, Human, capture_args, check_result, get_args, key, serve_argv
 
 pytestmark = pytest.mark.anyio
 
 
-def client(data_dir, offline_env, human: Human | None) -> Client:
-    argv = serve_argv(data_dir, extra=["--no-semantic"])
+def client(data_dir, offline_env, human: Human | None, backend: Backend = DUCKDB) -> Client:
+    argv = serve_argv(data_dir, extra=["--no-semantic"], backend=backend)
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=offline_env, cwd=str(REPO))
     return Client(params, elicitation_callback=human, mode="auto")
 
@@ -23,9 +23,9 @@ async def call(c: Client, tool: str, args: dict) -> dict:
     return check_result(await c.call_tool("engram_memory_" + tool, args))
 
 
-async def test_modern_client_confirms_through_input_required(data_dir_factory, offline_env) -> None:
+async def test_modern_client_confirms_through_input_required(data_dir_factory, offline_env, backend) -> None:
     human = Human(answers=["decline", "accept"])
-    async with client(data_dir_factory("modern"), offline_env, human) as c:
+    async with client(data_dir_factory("modern"), offline_env, human, backend) as c:
         assert c.protocol_version in MODERN_PROTOCOL_VERSIONS
         assert "Search before capture" in (c.instructions or "")
         cap = await call(c, "capture", capture_args("Modern clients confirm through input_required."))

@@ -2,10 +2,14 @@
 Tantivy and vector files, the real packaged model where the semantic channel is needed), driven
 by the MCP SDK's ClientSession. Nothing of ours is mocked.
 
-The embedding model costs ~10-15 s per process, so it is loaded by exactly two processes here:
-the hybrid server (test 1) and the ``rebuild-index --verify`` run (test 5). Everything else runs
-with ``--no-semantic`` (a model path that does not exist is refused at launch; the engine's own
-answer to a vanished model is tested in process).
+The embedding model costs ~10-15 s per process, so it is loaded by few processes here: the hybrid
+server (test 1, once per store backend) and the ``rebuild-index --verify`` run (test 5). Everything
+else runs with ``--no-semantic`` (a model path that does not exist is refused at launch; the engine's
+own answer to a vanished model is tested in process).
+
+The tests that touch the store (hybrid retrieval with stored embeddings, paging under the store's
+page-cursor key, forget's purge of the node's projection files) run on both store backends (the
+``backend`` fixture); the rest exercise the retrieval stack or a DuckDB-only mode (rebuild-index).
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ async def hybrid_when_ready(mcp: Mcp, query: str) -> tuple[dict[str, Any], int]:
 
 
 async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
-    start_server, data_dir_factory
+    start_server, data_dir_factory, backend
 ) -> None:
     from engram_memory.retrieval.embedder import PACKAGED_MODEL_ID, compute_model_digest, packaged_model_path
 
@@ -167,7 +171,7 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
     assert expected_digest and expected_digest.startswith("sha256:")
 
     # the packaged model; the host selects RRF so the fused scores can be re-derived from the ranks
-    async with start_server(data_dir_factory("hybrid"), extra=["--fusion", "rrf"]) as mcp:
+    async with start_server(data_dir_factory("hybrid"), extra=["--fusion", "rrf"], backend=backend) as mcp:
         target_id = await admit(mcp, TARGET)  # admitted while the model loads: backfilled later
         other_ids = [await admit(mcp, text) for text in OTHERS]
         assert len(set(other_ids + [target_id])) == 6
@@ -333,10 +337,13 @@ async def test_rebuild_index_with_missing_model_is_refused_promptly(
 # ---- 3. paging over MCP -------------------------------------------------------------------------
 
 
-async def test_paging_visits_every_record_once_and_stale_cursors_are_refused(start_server, data_dir_factory) -> None:
+async def test_paging_visits_every_record_once_and_stale_cursors_are_refused(
+    start_server, data_dir_factory, backend
+) -> None:
+    """On PostgreSQL the page-cursor key is the store's (a row wrapped by the master key), not a file."""
     texts = [f"The ledger reconciliation step {word} runs after the nightly import."
              for word in ("alpha", "bravo", "charlie", "delta", "echo")]
-    async with start_server(data_dir_factory("paging"), extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir_factory("paging"), extra=LEXICAL_ONLY, backend=backend) as mcp:
         admitted = [await admit(mcp, t) for t in texts]
         await admit(mcp, "Unrelated: keep the staging bucket private.")  # never part of the pages
 
@@ -387,12 +394,13 @@ async def test_paging_visits_every_record_once_and_stale_cursors_are_refused(sta
 # ---- 4. forget purges the projection files ----------------------------------------------------
 
 
-async def test_forget_purges_the_marker_from_every_projection_file(start_server, data_dir_factory) -> None:
+async def test_forget_purges_the_marker_from_every_projection_file(start_server, data_dir_factory, backend) -> None:
+    """On PostgreSQL too: the projections are the node's own files in its data dir."""
     data_dir = data_dir_factory("purge")
     projections = data_dir / "projections"
     marker, control = "quorblaxian", "zentrivolt"
     human = Human()
-    async with start_server(data_dir, human=human, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir, human=human, extra=LEXICAL_ONLY, backend=backend) as mcp:
         record_id = await admit(mcp, f"The {marker} cache warms the index before the first query.")
         keep_id = await admit(mcp, f"The {control} pool drains connections on shutdown.")
         # Projection files are not DuckDB: readable while the server runs. Tantivy keeps the text.
@@ -419,6 +427,8 @@ async def test_forget_purges_the_marker_from_every_projection_file(start_server,
 
 
 # ---- 5 and 6. rebuild-index, restart and cross-process determinism under a frozen clock -----
+# DuckDB only: ``rebuild-index`` takes no --store yet, and two PostgreSQL nodes share one journal
+# (cross-node determinism belongs to the multi-node tests).
 
 CORPUS = [
     "Projections are derived data: rebuild them from the DuckDB journal.",

@@ -1,5 +1,9 @@
 """End to end over stdio: a real `engram-memory serve` subprocess, the real engine and store,
-driven by the MCP SDK's ClientSession. Nothing of ours is mocked."""
+driven by the MCP SDK's ClientSession. Nothing of ours is mocked.
+
+Every test that reaches the store runs on both store backends (conftest's ``backend``: DuckDB and a
+fresh PostgreSQL database); those answered before the store is touched (schema, grants, purpose,
+launch refusals, tool listing) run on DuckDB only."""
 
 from __future__ import annotations
 
@@ -69,12 +73,12 @@ def random_record_id() -> str:
 # ---- the story -----------------------------------------------------------------------------
 
 
-async def test_full_story_capture_admit_search_get_forget(start_server, data_dir_factory) -> None:
+async def test_full_story_capture_admit_search_get_forget(start_server, data_dir_factory, backend) -> None:
     """With the semantic channel on (the default): the model loads in the background."""
     human = Human()
     text = "We chose DuckDB as the single source of truth for the lifecycle journal."
     t0 = time.monotonic()
-    async with start_server(data_dir_factory("story"), human=human) as mcp:
+    async with start_server(data_dir_factory("story"), human=human, backend=backend) as mcp:
         assert time.monotonic() - t0 < 15, "initialize must not wait for the embedding model"
         _, record_id = await capture_and_admit(mcp, text)
 
@@ -118,9 +122,9 @@ async def test_full_story_capture_admit_search_get_forget(start_server, data_dir
         assert gone["error"]["code"] == "NOT_FOUND" and gone["error"]["retriable"] is False
 
 
-async def test_withdraw_pending_then_admission_is_not_found(start_server, data_dir_factory) -> None:
+async def test_withdraw_pending_then_admission_is_not_found(start_server, data_dir_factory, backend) -> None:
     human = Human()
-    async with start_server(data_dir_factory("withdraw"), human=human, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir_factory("withdraw"), human=human, extra=LEXICAL_ONLY, backend=backend) as mcp:
         cap = await mcp.call("capture", capture_args("Retry flaky uploads with exponential backoff."))
         candidate_id = cap["output"]["value"]["candidate_id"]
         out = await mcp.call(
@@ -134,12 +138,14 @@ async def test_withdraw_pending_then_admission_is_not_found(start_server, data_d
         assert adm["error"]["code"] == "NOT_FOUND"
 
 
-@pytest.mark.parametrize("answer", ["decline", "cancel", "false", "error"])
+# The gate answers before the store; one refusal on PostgreSQL proves it changes nothing there too.
+@pytest.mark.parametrize(("answer", "backend"), [("decline", "duckdb"), ("decline", "postgres"), ("cancel", "duckdb"),
+                                                 ("false", "duckdb"), ("error", "duckdb")], indirect=["backend"])
 async def test_refused_confirmation_is_gate_failed_and_changes_nothing(
-    start_server, data_dir_factory, answer: str
+    start_server, data_dir_factory, answer: str, backend
 ) -> None:
     human = Human(answers=[answer])
-    async with start_server(data_dir_factory("decline"), human=human, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir_factory("decline"), human=human, extra=LEXICAL_ONLY, backend=backend) as mcp:
         _, record_id = await capture_and_admit(mcp, "Use UTC millisecond instants in every receipt.")
         args = {"record_id": record_id, "idempotency_key": key("forget"), "reason_ref": "reason:x"}
         out = await mcp.call("forget", args)
@@ -155,10 +161,10 @@ async def test_refused_confirmation_is_gate_failed_and_changes_nothing(
         assert (await mcp.call("forget", args))["ok"]
 
 
-async def test_confirmation_ttl_expiry_is_gate_failed(start_server, data_dir_factory) -> None:
+async def test_confirmation_ttl_expiry_is_gate_failed(start_server, data_dir_factory, backend) -> None:
     human = Human(answers=["sleep:3"])
     extra = LEXICAL_ONLY + ["--confirm-ttl-seconds", "1"]
-    async with start_server(data_dir_factory("ttl"), human=human, extra=extra) as mcp:
+    async with start_server(data_dir_factory("ttl"), human=human, extra=extra, backend=backend) as mcp:
         cap = await mcp.call("capture", capture_args("Pin CPU torch beside sentence-transformers."))
         candidate_id = cap["output"]["value"]["candidate_id"]
         args = {"candidate_id": candidate_id, "idempotency_key": key("wd"), "reason_ref": "reason:x"}
@@ -168,10 +174,10 @@ async def test_confirmation_ttl_expiry_is_gate_failed(start_server, data_dir_fac
         assert adm["ok"] and adm["output"]["value"]["outcome"]["status"] == "accepted"
 
 
-async def test_host_can_require_confirmation_for_capture(start_server, data_dir_factory) -> None:
+async def test_host_can_require_confirmation_for_capture(start_server, data_dir_factory, backend) -> None:
     human = Human(answers=["decline", "accept"])
     extra = LEXICAL_ONLY + ["--confirm", "capture"]
-    async with start_server(data_dir_factory("confirm-capture"), human=human, extra=extra) as mcp:
+    async with start_server(data_dir_factory("confirm-capture"), human=human, extra=extra, backend=backend) as mcp:
         tools = {t.name: t for t in (await mcp.session.list_tools()).tools}
         assert "confirm" in tools["engram_memory_capture"].description
         args = capture_args("Tag releases from the main branch only.")
@@ -186,9 +192,9 @@ async def test_host_can_require_confirmation_for_capture(start_server, data_dir_
         assert len(human.prompts) == 2
 
 
-async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_dir_factory) -> None:
+async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_dir_factory, backend) -> None:
     data_dir = data_dir_factory("replay")
-    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir, extra=LEXICAL_ONLY, backend=backend) as mcp:
         args = capture_args("Ties in the ranking break on record_id.", key="replay-key-0000000001")
         first = await mcp.call("capture", args)
         second = await mcp.call("capture", args)
@@ -201,13 +207,8 @@ async def test_idempotent_capture_replay_is_duplicate_exact(start_server, data_d
         assert conflict["error"]["code"] == "DIGEST_CONFLICT"
 
     # Every envelope was recorded in the audit trail under its auditId; the raw key never was.
-    from engram_memory.store.duckdb.backend import Database
-
-    db = Database(data_dir)
-    try:
-        rows = {r[0]: r[1:] for r in db.all("SELECT audit_id, tool, ok, code, idk, scope_ref, agent_id FROM audit")}
-    finally:
-        db.close()
+    _, table = backend.query("SELECT audit_id, tool, ok, code, idk, scope_ref, agent_id FROM audit", data_dir)
+    rows = {r[0]: r[1:] for r in table}
     idk = "idk_" + hashlib.sha256(b"replay-key-0000000001").hexdigest()[:12]
     scope, agent = "tenant:tenant-a/workspace:ws-1", "agent-7"
     assert rows[first["auditId"]] == ("capture", True, None, idk, scope, agent)
@@ -282,8 +283,8 @@ async def test_memory_disabled_lists_nothing(start_server, data_dir_factory, con
         assert ("missing: " in instructions) if tools else ("no tool granted" in instructions)
 
 
-async def test_client_without_elicitation_cannot_forget(start_server, data_dir_factory) -> None:
-    async with start_server(data_dir_factory("no-elicit"), human=None, extra=LEXICAL_ONLY) as mcp:
+async def test_client_without_elicitation_cannot_forget(start_server, data_dir_factory, backend) -> None:
+    async with start_server(data_dir_factory("no-elicit"), human=None, extra=LEXICAL_ONLY, backend=backend) as mcp:
         _, record_id = await capture_and_admit(mcp, "Projections are rebuilt from DuckDB.")
         err = await mcp.call_error("forget", {"record_id": record_id, "idempotency_key": key("f"),
                                               "reason_ref": "reason:x"})
@@ -321,11 +322,11 @@ async def test_tools_list_shape(start_server, data_dir_factory) -> None:
 # ---- scope isolation ------------------------------------------------------------------------
 
 
-async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_dir_factory) -> None:
+async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_dir_factory, backend) -> None:
     """Servers one after the other on one data dir (DuckDB allows one process)."""
     data_dir = data_dir_factory("scopes")
     text = "Scope isolation is physical as well as logical."
-    async with start_server(data_dir, extra=LEXICAL_ONLY) as a:
+    async with start_server(data_dir, extra=LEXICAL_ONLY, backend=backend) as a:
         candidate_id, record_id = await capture_and_admit(a, text)
         assert record_id in record_ids(await a.call("search", search_args("scope isolation physical logical")))
         pending = (await a.call("capture", capture_args("A pending candidate of tenant A.")))["output"]["value"]
@@ -333,7 +334,7 @@ async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_
     human = Human()
     tenant_b = CONTEXT | {"tenant": "tenant-b"}
     random_candidate = "candidate_" + secrets.token_hex(32)
-    async with start_server(data_dir, context=tenant_b, human=human, extra=LEXICAL_ONLY) as b:
+    async with start_server(data_dir, context=tenant_b, human=human, extra=LEXICAL_ONLY, backend=backend) as b:
         pairs = [  # (foreign target, random well-formed target): same envelope bytes, auditId aside
             ("get", get_args(record_id), get_args(random_record_id())),
             ("forget", {"record_id": record_id, "reason_ref": "r:x"},
@@ -354,11 +355,11 @@ async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_
         assert record_id not in record_ids(await b.call("search", search_args("scope isolation physical logical")))
 
     workspace_2 = CONTEXT | {"workspace": "ws-2"}
-    async with start_server(data_dir, context=workspace_2, extra=LEXICAL_ONLY) as w:
+    async with start_server(data_dir, context=workspace_2, extra=LEXICAL_ONLY, backend=backend) as w:
         assert (await w.call("get", get_args(record_id)))["error"]["code"] == "NOT_FOUND"
 
     # Tenant A's memory is untouched by B's attempts.
-    async with start_server(data_dir, human=Human(), extra=LEXICAL_ONLY) as a:
+    async with start_server(data_dir, human=Human(), extra=LEXICAL_ONLY, backend=backend) as a:
         assert (await a.call("get", get_args(record_id)))["ok"]
         adm = await a.call("request_admission", {"candidate_id": pending["candidate_id"], "idempotency_key": key("a")})
         assert adm["output"]["value"]["outcome"]["status"] == "accepted"
@@ -367,15 +368,18 @@ async def test_scope_isolation_foreign_targets_are_not_found(start_server, data_
 # ---- one server per data dir ----------------------------------------------------------------
 
 
-async def test_http_server_on_an_owned_data_dir_exits_at_once(start_server, data_dir_factory, offline_env) -> None:
+async def test_http_server_on_an_owned_data_dir_exits_at_once(start_server, data_dir_factory, backend,
+                                                              offline_env) -> None:
     """A second stdio launch relays (tests/test_local_hosts.py); an HTTP server cannot share."""
     data_dir = data_dir_factory("busy")
     keys = data_dir_factory("busy-keys")
     keygen(keys, "host-a", ["*/*"])
-    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir, extra=LEXICAL_ONLY, backend=backend) as mcp:
         assert (await mcp.call("search", search_args("warm up")))["ok"]
+        # On PostgreSQL the data dir is the node's own (its projections and node id): one process too.
         argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", "127.0.0.1:1",
-                "--host-keys", str(keys / "host-keys.toml"), "--data-dir", str(data_dir), "--no-semantic"]
+                "--host-keys", str(keys / "host-keys.toml"), "--data-dir", str(data_dir), "--no-semantic",
+                *backend.args()]
 
         def second() -> tuple[subprocess.CompletedProcess[str], float]:
             t0 = time.monotonic()
@@ -412,11 +416,11 @@ def test_console_script_is_installed() -> None:
     assert "serve" in top.stdout and "rebuild-index" in top.stdout
 
 
-def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_dir_factory) -> None:
+def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_dir_factory, backend) -> None:
     """A terminal's Ctrl-C never closes stdin: the server must still stop, cleanly."""
     data_dir = data_dir_factory("ctrlc")
-    proc = subprocess.Popen(serve_argv(data_dir, extra=LEXICAL_ONLY), env=offline_env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(serve_argv(data_dir, extra=LEXICAL_ONLY, backend=backend), env=offline_env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while not (data_dir / "engram.sock").exists():  # the store is open and serving
@@ -479,13 +483,16 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
     assert "Traceback" not in proc.stderr
 
 
-async def test_every_file_the_server_creates_is_owner_only(start_server, data_dir_factory) -> None:
+async def test_every_file_the_server_creates_is_owner_only(start_server, data_dir_factory, backend) -> None:
     data_dir = data_dir_factory("modes") / "data"
-    async with start_server(data_dir, extra=LEXICAL_ONLY) as mcp:
+    async with start_server(data_dir, extra=LEXICAL_ONLY, backend=backend) as mcp:
         await capture_and_admit(mcp, "Owner-only files keep the memory private on a shared machine.")
         assert (await mcp.call("search", search_args("owner-only files")))["ok"]
         paths = [data_dir, *data_dir.rglob("*")]
         opened = {p.relative_to(data_dir).as_posix(): p.stat().st_mode & 0o777 for p in paths if p.exists()}
-    assert "engram.duckdb" in opened and "engram.sock" in opened
+    assert "engram.sock" in opened
+    # DuckDB's file, or a PostgreSQL node's id beside its projections (and no DuckDB file).
+    assert ("engram.duckdb" in opened) is (backend.store is None)
+    assert ("node.id" in opened) is (backend.store is not None)
     wide = {name: oct(mode) for name, mode in opened.items() if mode & 0o077}
     assert not wide, wide

@@ -48,7 +48,7 @@ from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.digests import receipt_digest
 from tests import conftest
-from tests.conftest import PURPOSE, Human, Mcp, check_result, mcp_server, serve_argv
+from tests.conftest import PURPOSE, Backend, Human, Mcp, check_result, mcp_server, serve_argv
 
 pytestmark = pytest.mark.anyio
 
@@ -409,19 +409,31 @@ def first_difference(expected: list[dict[str, Any]], actual: list[dict[str, Any]
     return None
 
 
-async def test_golden_transcript(tmp_path: Path, offline_env: dict[str, str]) -> None:
+async def test_golden_transcript(tmp_path: Path, offline_env: dict[str, str], backend: Backend) -> None:
+    """The same script and the same golden bytes on each store backend (DuckDB and PostgreSQL)."""
+    if RECORD and backend.store is not None:
+        pytest.skip("the golden is recorded on DuckDB only; PostgreSQL is compared with it")
     data_dir = tmp_path / "data"
     t = Transcript()
     human = Human()
-    argv_a = serve_argv(data_dir)  # all six tools, conftest's CONTEXT, semantic channel on (the default)
+    # all six tools, conftest's CONTEXT, semantic channel on (the default)
+    argv_a = serve_argv(data_dir, backend=backend)
     env_a = offline_env | {"ENGRAM_CLOCK_MS": str(CLOCK_A_MS)}
     async with mcp_server(argv_a, env_a, human=human, log_dir=tmp_path) as mcp:
         records = await segment_a(t, mcp, human)
 
-    argv_b = serve_argv(data_dir, extra=["--no-semantic"])
+    argv_b = serve_argv(data_dir, extra=["--no-semantic"], backend=backend)
     env_b = offline_env | {"ENGRAM_CLOCK_MS": str(CLOCK_B_MS)}
     async with mcp_server(argv_b, env_b, human=Human(), log_dir=tmp_path) as mcp:
         await segment_b(t, mcp, records)
+
+    # The script ran on the store it was given: two opens (two storage epochs, which the receipts
+    # digest), the journal in that store, and no DuckDB file beside a PostgreSQL node.
+    _, epoch = backend.query("SELECT value FROM meta WHERE key = 'storage_epoch'", data_dir)
+    assert epoch == [("2",)], epoch
+    _, events = backend.query("SELECT count(*) FROM journal", data_dir)
+    assert events[0][0] > 0, events
+    assert (data_dir / "engram.duckdb").exists() is (backend.store is None)
 
     if RECORD:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
