@@ -1,4 +1,5 @@
-"""``admin rotate-master-key``: every data key re-wrapped under a new master key (KeyStore.rotate).
+"""``admin rotate-master-key``: every data key re-wrapped under a new master key (KeyStore.rotate;
+on a PostgreSQL store, store/postgres/keys.py).
 
 Run with the store closed to servers: the data dir's advisory lock is held throughout, so no
 key is created or destroyed meanwhile."""
@@ -25,3 +26,11 @@ def rotate_master_key(data_dir: Path) -> int:
         return KeyStore(data_dir).rotate(data_dir)
     finally:
         os.close(fd)
+
+
+def rotate_postgres(url: str, old_key: bytes, old_key_file: Path, new_key: bytes) -> int:
+    """A PostgreSQL store's rotation (store/postgres/keys.py): every wrapped key re-wrapped in one
+    transaction; the caller writes ``new_key`` to its file only if this returns."""
+    from engram_memory.store.postgres.keys import rotate_master_key as rotate
+
+    return rotate(url, old_key, old_key_file, new_key)
