@@ -287,11 +287,19 @@ def backup_cmd(
     data_dir: DataDir = None,
     key_out: Annotated[Path | None, typer.Option("--key-out", help="Where to write the backup key"
                                                  " (default: OUT.key). Keep it apart from the backup.")] = None,
+    store: PgStore = None,
+    master_key_file: PgKeyFile = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Back up the store to one file, also while a server runs; its key goes to a separate file."""
+    """Back up the store to one file, also while a server runs; its key goes to a separate file.
+
+    With --store: the live PostgreSQL store, as of one consistent snapshot, in the same archive
+    format as a DuckDB store's (restorable into either backend); it carries no projections (each
+    node rebuilds its own). PostgreSQL's own tools (pg_dump, base backups) also work, but a dump
+    holds keys wrapped by the master key: keep the two apart."""
     from engram_memory.store import backup as bk
 
+    pg = _postgres(store, master_key_file, data_dir)
     target = _target(data_dir)
     key_path = key_out or out.with_name(out.name + ".key")
     for path, flag in ((out, "--out"), (key_path, "--key-out")):
@@ -301,6 +309,9 @@ def backup_cmd(
             raise _fail(f"{flag} {path}: no such directory {path.parent}")
     if out.resolve() == key_path.resolve():
         raise _fail("--out and --key-out must be different files")
+    if pg is not None:
+        _backup_postgres(pg, out, key_path, json_out)
+        return
     online = bk.held_by_another(target) if target.is_dir() else False
     if not online:
         _closed_store(target)
@@ -333,14 +344,45 @@ def backup_cmd(
          *[[f"head {_pair(s)}", f"cursor {h['cursor']} {h['event_hash']}"] for s, h in manifest["heads"].items()]]))
 
 
+def _backup_postgres(pg: _Pg, out: Path, key_path: Path, json_out: bool) -> None:
+    from engram_memory.store import backup as bk
+
+    assert pg.key is not None and pg.key_file is not None
+    key = bk.new_backup_key()
+    tmp = out.with_name(f".{out.name}.partial")
+    with _pg_outcomes():
+        try:
+            with _busy("backing up the PostgreSQL store"):
+                bk.backup_postgres(pg.url, pg.key, pg.key_file, tmp, key)
+            manifest = bk.read_manifest(tmp)
+            bk.write_key_file(key_path, key)
+            tmp.rename(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    report = bk.BackupReport(out, key_path, manifest, out.stat().st_size)
+    _emit(json_out, {**report.as_dict(), "online": True}, lambda: _table(
+        "backup of the PostgreSQL store", ["field", "value"],
+        [["backup", out], ["key", key_path], ["store_id", manifest["store_id"]],
+         ["created_at", manifest["created_at"]], ["files", len(manifest["files"])], ["bytes", report.size],
+         *[[f"head {_pair(s)}", f"cursor {h['cursor']} {h['event_hash']}"] for s, h in manifest["heads"].items()]]))
+
+
 @admin_app.command("restore")
 def restore_cmd(
     from_: Annotated[Path, typer.Option("--from", help="The backup file.")],
     data_dir: DataDir = None,
     key: Annotated[Path | None, typer.Option("--key", help="The backup key file (default: FROM.key).")] = None,
+    store: PgStore = None,
+    master_key_out: Annotated[Path | None, typer.Option(
+        "--master-key-out", help="With --store: where to write the restored store's new master key (0600,"
+        " never overwritten).")] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Restore a backup into an empty directory, or over an older copy of the same store."""
+    """Restore a backup into an empty directory, or over an older copy of the same store.
+
+    With --store URL --master-key-out FILE: into an empty PostgreSQL store (a backup of either
+    backend), its keys re-wrapped under a new master key written to FILE (only if the restore
+    commits); a store that is initialised or holds any row is refused (RESTORE_REFUSED)."""
     from engram_memory.store import backup as bk
 
     target = _target(data_dir)
@@ -349,6 +391,13 @@ def restore_cmd(
         raise _fail(f"--from {from_}: no such file")
     if not key_path.is_file():
         raise _fail(f"--key {key_path}: no such file (a backup's key is written beside it as FILE.key)")
+    if store is not None:
+        if data_dir is not None:
+            raise _fail("give --data-dir (a DuckDB store) or --store (a PostgreSQL store), not both")
+        _restore_postgres(_store_url(store), from_, key_path, master_key_out, json_out)
+        return
+    if master_key_out is not None:
+        raise _fail("--master-key-out applies to a PostgreSQL store only (--store URL)")
     if not target.absolute().parent.is_dir():
         raise _fail(f"--data-dir {target}: no such directory {target.absolute().parent}")
     with _outcomes():
@@ -362,6 +411,32 @@ def restore_cmd(
         f"restored {from_} into {target}", ["field", "value"],
         [["store_id", m["store_id"]], ["backup created_at", m["created_at"]], ["files", len(m["files"])],
          ["replaced an older copy", "yes" if report.replaced else "no"],
+         *[[f"head {_pair(s)}", f"cursor {h['cursor']}"] for s, h in m["heads"].items()]]))
+
+
+def _restore_postgres(url: str, from_: Path, key_path: Path, master_key_out: Path | None, json_out: bool) -> None:
+    from engram_memory.store import backup as bk
+    from engram_memory.store.keyfile import new_key_file
+
+    if master_key_out is None:
+        raise _fail("--store needs --master-key-out FILE: where the restored store's master key is written")
+    if master_key_out.exists():
+        raise _fail(f"--master-key-out {master_key_out} already exists; a master key is never overwritten")
+    if not master_key_out.absolute().parent.is_dir():
+        raise _fail(f"--master-key-out {master_key_out}: no such directory {master_key_out.absolute().parent}")
+    with _pg_outcomes():
+        backup_key = bk.read_key_file(key_path)
+        try:
+            with _busy("restoring into the PostgreSQL store"), new_key_file(master_key_out) as master:
+                report = bk.restore_postgres(from_, backup_key, url, master)
+        except FileExistsError:
+            raise _fail(f"--master-key-out {master_key_out} already exists; a master key is never overwritten") \
+                from None
+    m = report.manifest
+    _emit(json_out, {**report.as_dict(), "store": url, "master_key_file": str(master_key_out)}, lambda: _table(
+        f"restored {from_} into the PostgreSQL store", ["field", "value"],
+        [["store_id", m["store_id"]], ["backup created_at", m["created_at"]],
+         ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"],
          *[[f"head {_pair(s)}", f"cursor {h['cursor']}"] for s, h in m["heads"].items()]]))
 
 

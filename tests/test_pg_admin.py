@@ -379,3 +379,65 @@ def test_rotate_master_key_on_postgres_and_how_the_nodes_get_the_new_key(migrate
         node.close()
     env = {**os.environ, "ENGRAM_STORE": url, "ENGRAM_MASTER_KEY_FILE": str(new)}
     assert ok_json(["verify"], env)["ok"] is True
+
+
+# ---- backup / restore -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def second_database(pg_database: str) -> Any:
+    """Another empty database on the same PostgreSQL (dropped afterwards)."""
+    from urllib.parse import urlsplit
+
+    name = "restore_" + secrets.token_hex(6)
+    sql(pg_database, f"CREATE DATABASE {name}")
+    try:
+        yield urlsplit(pg_database)._replace(path="/" + name).geturl()
+    finally:
+        sql(pg_database, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_backup_of_the_live_store_restores_into_postgres_and_into_duckdb(
+        migrated: dict[str, Any], second_database: str, tmp_path: Path) -> None:
+    import tarfile
+
+    url, key = migrated["url"], migrated["key"]
+    backup = tmp_path / "b.tar"
+    node = pg_engine(tmp_path / "node", url, key)
+    try:
+        before = answers(node, migrated)
+        report = ok_json(["backup", *pg(url, key), "--out", str(backup)])  # while the node serves
+    finally:
+        node.close()
+    assert report["online"] is True and report["heads"][SCOPE_REF]["cursor"] == "15"
+    assert backup.stat().st_mode & 0o077 == 0 and Path(report["key"]).stat().st_mode & 0o077 == 0
+    raw = backup.read_bytes()
+    # ciphertext and metadata only: no record text, no master key (the store's or the copy's)
+    assert MARKER.encode() not in raw and key.read_bytes() not in raw
+    with tarfile.open(backup) as tar:
+        names = tar.getnames()
+    assert "master.key" not in names and "server.key" not in names and any(n.startswith("keys/") for n in names)
+
+    # into an empty PostgreSQL store, under a new master key
+    restored_key = tmp_path / "restored.key"
+    refused(admin(["restore", "--from", str(backup), "--store", url, "--master-key-out", str(restored_key)]), 1,
+            "RESTORE_REFUSED: the PostgreSQL store is already initialised")
+    assert not restored_key.exists()
+    done = ok_json(["restore", "--from", str(backup), "--store", second_database, "--master-key-out",
+                    str(restored_key)])
+    assert done["store_id"] == report["store_id"] and restored_key.stat().st_mode & 0o777 == 0o600
+    assert ok_json(["verify", *pg(second_database, restored_key)])["ok"] is True
+    node = pg_engine(tmp_path / "node2", second_database, restored_key)
+    try:
+        assert canonical_text(answers(node, migrated)) == canonical_text(before)
+    finally:
+        node.close()
+
+    # the same archive restores into a DuckDB data dir too
+    assert ok_json(["restore", "--from", str(backup), "--data-dir", str(tmp_path / "duck2")])["replaced"] is False
+    assert ok_json(["verify", "--data-dir", str(tmp_path / "duck2")])["ok"] is True
+    engine = duck_engine(tmp_path / "duck2")
+    try:
+        assert canonical_text(answers(engine, migrated)) == canonical_text(before)
+    finally:
+        engine.close()

@@ -11,6 +11,7 @@ questions (does one exist, does it open, which are orphans) are answered here to
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,27 @@ class PostgresInspector:
         except (InvalidTag, ValueError):
             return False
         return True
+
+    def page_cursor_key(self) -> bytes:
+        rows = self.all("SELECT value FROM meta WHERE key = 'page_cursor_key'")
+        if not rows or self._master is None:
+            raise StoreRefused("the PostgreSQL store has no page-cursor key, or no master key was given")
+        try:
+            return unwrap(self._master, SECRET_REF, bytes.fromhex(rows[0][0]))
+        except (InvalidTag, ValueError):
+            raise StoreRefused("the page-cursor key does not open under the master key") from None
+
+    def meta(self, key: str) -> str | None:
+        rows = self.all("SELECT value FROM meta WHERE key = %s", [key])
+        return str(rows[0][0]) if rows else None
+
+    def rows(self, table: str, columns: tuple[str, ...], batch: int) -> Iterator[list[tuple[Any, ...]]]:
+        """Every row of a table (the columns named), in batches, from this snapshot (a server-side
+        cursor: a large table is never held in memory whole). Blobs come as bytes."""
+        with self.con.cursor(name="engram_export") as cur:
+            cur.execute(f"SELECT {', '.join(columns)} FROM {table}")
+            while rows := cur.fetchmany(batch):
+                yield [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows]
 
     # -- one scope -----------------------------------------------------------------------
 
