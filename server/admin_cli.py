@@ -636,13 +636,11 @@ def rotate_cmd(
     if not master_key_out.absolute().parent.is_dir():
         raise _fail(f"--master-key-out {master_key_out}: no such directory {master_key_out.absolute().parent}")
     assert pg.key is not None and pg.key_file is not None
-    from engram_memory.store.keyfile import new_key_file
     from engram_memory.store.rotation import rotate_postgres
 
     with _pg_outcomes(), _busy("re-wrapping data keys"):
         try:
-            with new_key_file(master_key_out) as key:
-                count = rotate_postgres(pg.url, pg.key, pg.key_file, key)
+            count = rotate_postgres(pg.url, pg.key_file, pg.key, master_key_out)
         except FileExistsError:
             raise _fail(f"--master-key-out {master_key_out} already exists; a master key is never overwritten") \
                 from None
@@ -715,8 +713,9 @@ def migrate_cmd(
     Copies the journal (byte-exact: every hash verifies), scopes, candidates, records, tombstones,
     the idempotency ledger, the audit trail and the stored embeddings, keeps the store id, and
     re-wraps every data key (and the page-cursor key) under a new master key written to
-    --master-key-out. The DuckDB directory is read only, and held so no server starts on it
-    meanwhile. Then run `admin verify --store URL --master-key-file FILE` and start the nodes.
+    --master-key-out. The DuckDB directory is only read (a key rotation a crash interrupted is
+    finished first, as any open does), and held so no server starts on it meanwhile. Then run
+    `admin verify --store URL --master-key-file FILE` and start the nodes.
 
     Exit 1: STORE_BUSY (a server holds --from), STORE_REFUSED (the PostgreSQL store is initialised,
     not empty, or unreachable); no key file is written then. Exit 2: a usage mistake."""

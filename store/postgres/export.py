@@ -18,12 +18,12 @@ from pathlib import Path
 import duckdb
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.backend import StoreRefused
 from engram_memory.store.crypto import wrap
 from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.duckdb.schema import migrate as duckdb_schema
 from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.postgres.migrate import TABLES
+from engram_memory.store.refusals import STORE_INCONSISTENT, AdminRefusal
 
 CHUNK = 200  # rows per multi-row INSERT (DuckDB pays its per-statement cost per statement, not per row)
 
@@ -39,15 +39,15 @@ def _private(path: Path, data: bytes) -> None:
 def export_store(url: str, master_key: bytes, key_file: Path, data_dir: Path) -> dict[str, int]:
     """Write the PostgreSQL store at ``url`` as a new DuckDB store in ``data_dir`` (which must not
     exist); returns the rows copied per table. Raises StoreRefused (not a store, another master
-    key, a referenced data key missing)."""
+    key) and AdminRefusal(STORE_INCONSISTENT) (a referenced data key missing or not opening)."""
     store = PostgresInspector(url, master_key, key_file)
     try:
         deks = {}
         for key_ref in sorted(store.referenced_keys()):
             dek = store.load_key(key_ref)
             if dek is None:
-                raise StoreRefused(f"the data key {key_ref} is missing or does not open (run: engram-memory admin"
-                                   " verify --store)")
+                raise AdminRefusal(STORE_INCONSISTENT, f"the data key {key_ref} is missing or does not open;"
+                                   " nothing was backed up (run: engram-memory admin verify --store)")
             deks[key_ref] = dek
         page_cursor_key = store.page_cursor_key()
         data_dir.mkdir(mode=0o700)
