@@ -207,7 +207,20 @@ def test_migrate_refuses_a_target_that_is_not_empty(tmp_path: Path, pg_database:
     refused(proc, 1, "STORE_REFUSED: the PostgreSQL store is not empty (table replay has rows)")
     assert not (tmp_path / "k").exists() and sql(pg_database, "SELECT count(*) FROM journal") == [(0,)]
     sql(pg_database, "DELETE FROM replay")
-    assert migrate(tmp_path / "duck", pg_database, tmp_path / "k")["rows"]["journal"] == 9  # the control
+    # the audit trail travels too (a served store has one; the engine alone writes none)
+    import duckdb
+
+    audit = [("aud_1", "2026-05-28T20:26:40.000Z", SCOPE_REF, "alice", "agent-1", "s-1", "search", True, None,
+              None, "jti-1"),
+             ("aud_2", "2026-05-28T20:26:41.000Z", SCOPE_REF, "alice", "agent-1", "s-1", "get", False, "NOT_FOUND",
+              "idk-1", None)]
+    con = duckdb.connect(str(tmp_path / "duck" / "engram.duckdb"))
+    con.executemany("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [list(row) for row in audit])
+    con.close()
+    report = migrate(tmp_path / "duck", pg_database, tmp_path / "k")  # the control
+    assert report["rows"]["journal"] == 9 and report["rows"]["audit"] == 2
+    assert sql(pg_database, "SELECT audit_id, called_at, scope_ref, principal, agent_id, session, tool, ok, code,"
+                            " idk, context_jti FROM audit ORDER BY audit_id") == audit
 
 
 # ---- verify, history, candidates ------------------------------------------------------------------
@@ -338,12 +351,19 @@ def test_rotate_master_key_on_postgres_and_how_the_nodes_get_the_new_key(migrate
                                                                          tmp_path: Path, offline_env) -> None:
     url, old = migrated["url"], migrated["key"]
     new = tmp_path / "new.key"
-    node = pg_engine(tmp_path / "node", url, old)
+    node, other = pg_engine(tmp_path / "node", url, old), pg_engine(tmp_path / "other", url, old)
     try:
         before = answers(node, migrated)
-        # a running node holds the old key: refused, nothing changed, no key file written
+        assert canonical_text(answers(other, migrated)) == canonical_text(before)
+        # running nodes hold the old key: refused, nothing changed, no key file written
         proc = admin(["rotate-master-key", *pg(url, old), "--master-key-out", str(new)])
-        refused(proc, 1, "STORE_BUSY: 1 node(s) of this store are running")
+        refused(proc, 1, "STORE_BUSY: 2 node(s) of this store are running")
+        assert not new.exists()
+    finally:
+        other.close()
+    try:
+        refused(admin(["rotate-master-key", *pg(url, old), "--master-key-out", str(new)]), 1,
+                "STORE_BUSY: 1 node(s) of this store are running")
         assert not new.exists()
     finally:
         node.close()
@@ -370,13 +390,15 @@ def test_rotate_master_key_on_postgres_and_how_the_nodes_get_the_new_key(migrate
     assert last == f"engram-memory: error: the master key file {old} is not this store's master key", launch.stderr
     assert "Traceback" not in launch.stderr
     refused(admin(["verify", *pg(url, old)]), 2, f"the master key file {old} is not this store's master key")
-    # the documented way: the new key file in place of the old, and the node restarts
+    # the documented way: the new key file in place of the old on each node, and the nodes restart
     old.write_bytes(new.read_bytes())
-    node = pg_engine(tmp_path / "node", url, old)
+    node, other = pg_engine(tmp_path / "node", url, old), pg_engine(tmp_path / "other", url, old)
     try:
         assert canonical_text(answers(node, migrated)) == canonical_text(before)
+        assert canonical_text(answers(other, migrated)) == canonical_text(before)
     finally:
         node.close()
+        other.close()
     env = {**os.environ, "ENGRAM_STORE": url, "ENGRAM_MASTER_KEY_FILE": str(new)}
     assert ok_json(["verify"], env)["ok"] is True
 
