@@ -2,7 +2,9 @@
 
 Run with the store closed to servers (the caller checked): the engine is opened without the
 embedding model; an accepted record is indexed lexically at once, and a server embeds it at
-its next start (its semantic backfill embeds every current record that lacks a vector)."""
+its next start (its semantic backfill embeds every current record that lacks a vector).
+On a PostgreSQL store it runs against the live store (``adjudicate_with`` on an admin engine,
+store/postgres/admin.py); the serving nodes index and embed the record as they catch up."""
 
 from __future__ import annotations
 
@@ -38,21 +40,29 @@ def adjudicate(data_dir: Path, candidate_id: str, accept: bool, reason: str, now
     reason = check_reason(reason)
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
-        with engine._rw.write():  # the engine's write lock: one writer, as every mutation
-            try:
-                result, admitted = engine.lifecycle.adjudicate(candidate_id, accept, reason, now)
-            except LookupError:
-                raise AdminUsageError(f"no candidate {candidate_id} in the store at {data_dir}") from None
-            except ValueError as exc:
-                raise AdminRefusal(NOT_ADJUDICABLE, str(exc)) from None
-            if admitted is not None:
-                record = admitted.record
-                engine.projections.add_lexical(
-                    admitted.scope_ref, [LexicalDoc(record["record_id"], lexical_fields(record))], admitted.cursor)
-        event = result["event"]
-        return {"candidate_id": candidate_id, "scope_ref": result["scope_ref"], "decision": "accept" if accept
-                else "reject", "status": result["outcome"]["status"], "record_id": result["outcome"].get("record_id"),
-                "cursor": int(event["cursor"]), "event_id": event["event_id"], "event_hash": event["event_hash"],
-                "reason": reason}
+        return adjudicate_with(engine, str(data_dir), candidate_id, accept, reason, now)
     finally:
         engine.close()
+
+
+def adjudicate_with(engine: Any, where: str, candidate_id: str, accept: bool, reason: str,
+                    now: int) -> dict[str, Any]:
+    """The decision on an open engine: the data dir's own (DuckDB: the record indexed here), or an
+    admin node of a shared store, whose serving nodes index it when they catch up from the journal."""
+    reason = check_reason(reason)
+    with engine._rw.write():  # the engine's write lock: one writer, as every mutation
+        try:
+            result, admitted = engine.lifecycle.adjudicate(candidate_id, accept, reason, now)
+        except LookupError:
+            raise AdminUsageError(f"no candidate {candidate_id} in the store at {where}") from None
+        except ValueError as exc:
+            raise AdminRefusal(NOT_ADJUDICABLE, str(exc)) from None
+        if admitted is not None and not engine.db.shared:
+            record = admitted.record
+            engine.projections.add_lexical(
+                admitted.scope_ref, [LexicalDoc(record["record_id"], lexical_fields(record))], admitted.cursor)
+    event = result["event"]
+    return {"candidate_id": candidate_id, "scope_ref": result["scope_ref"], "decision": "accept" if accept
+            else "reject", "status": result["outcome"]["status"], "record_id": result["outcome"].get("record_id"),
+            "cursor": int(event["cursor"]), "event_id": event["event_id"], "event_hash": event["event_hash"],
+            "reason": reason}

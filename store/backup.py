@@ -81,7 +81,7 @@ class BackupReport:
 
 @dataclass
 class RestoreReport:
-    data_dir: Path
+    data_dir: Path | str  # a PostgreSQL store: its URL
     manifest: dict[str, Any]
     replaced: bool  # an older copy of the same store was replaced
 
@@ -365,3 +365,50 @@ def held_by_another(data_dir: Path) -> bool:
     from engram_memory.store.rebuild import _held_by_another
 
     return _held_by_another(data_dir)
+
+
+# -- a PostgreSQL store ------------------------------------------------------------------------
+#
+# One archive format for both backends: a PostgreSQL store is backed up by copying one read-only
+# snapshot of it into a temporary DuckDB store (store/postgres/export.py) and archiving that as
+# above; restored by restoring the archive into a temporary directory and migrating it into an
+# empty PostgreSQL store (store/postgres/migrate.py). Either step's temporary store holds a master
+# key of its own beside the data keys it wraps: it lives in a private temporary directory and its
+# keys are shredded when the command ends, whatever happened. The archive of a PostgreSQL store
+# carries no projections (each node's caches): a store restored from it rebuilds them on first use.
+
+
+def _scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="engram-pg-"))  # 0700
+
+
+def backup_postgres(url: str, master_key: bytes, key_file: Path, out: Path, backup_key: bytes) -> dict[str, Any]:
+    """The backup of the live PostgreSQL store at ``url`` written to ``out``; returns its manifest."""
+    from engram_memory.store.postgres.export import export_store
+
+    scratch = _scratch()
+    try:
+        export_store(url, master_key, key_file, scratch / "data")
+        return backup_offline(scratch / "data", out, backup_key)
+    finally:
+        _shred_store(scratch / "data")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def restore_postgres(backup: Path, backup_key: bytes, url: str, master_key: bytes) -> RestoreReport:
+    """Restore ``backup`` into the empty PostgreSQL store at ``url``, its keys wrapped under
+    ``master_key``. Raises AdminRefusal (BACKUP_INVALID; RESTORE_REFUSED when the store is not empty)."""
+    from engram_memory.store.backend import StoreRefused
+    from engram_memory.store.postgres.migrate import migrate_store
+
+    scratch = _scratch()
+    try:
+        report = restore(backup, backup_key, scratch / "data")
+        try:
+            migrate_store(scratch / "data", url, master_key)
+        except StoreRefused as exc:
+            raise AdminRefusal(RESTORE_REFUSED, str(exc).replace("migrate into", "restore into")) from None
+        return RestoreReport(url, report.manifest, False)
+    finally:
+        _shred_store(scratch / "data")
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -27,7 +27,12 @@ def event_instant(event: dict[str, Any]) -> str:
 
 def journal(data_dir: Path, scope_ref: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The scope's journal, oldest first (the last ``limit`` events when given)."""
-    rows = stopped.journal_rows(data_dir, scope_ref, limit)
+    return journal_listing(stopped.journal_rows(data_dir, scope_ref, limit))
+
+
+def journal_listing(rows: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
+    """(cursor, body, event_hash) rows, newest first, as listed: oldest first, allowed fields only
+    (either backend reads the rows: store/duckdb/stopped.py, store/postgres/inspect.py)."""
     out = []
     for cursor, body, event_hash in reversed(rows):
         event = json.loads(body)
@@ -46,7 +51,10 @@ def pending_candidates(data_dir: Path, scope_ref: str) -> list[dict[str, Any]]:
 
     ``held`` says the candidate's content was forgotten in this scope before, so its admission
     waits for an operator (``admin adjudicate``); that is read from digests, not content."""
-    rows = stopped.pending_candidates(data_dir, scope_ref)
+    return candidate_listing(stopped.pending_candidates(data_dir, scope_ref))
+
+
+def candidate_listing(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [{"candidate_id": cid, "principal": principal, "state": state, "created_cursor": int(cursor),
              "recorded_at": at, "payload_digest": pd, "record_digest": rd, "held_for_adjudication": bool(held)}
             for cid, principal, state, cursor, at, pd, rd, held in rows]

@@ -42,6 +42,7 @@ from engram_memory.store.crypto import KeyStore, open_sealed
 from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
+from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
 from engram_memory.store.refusals import JOURNAL_CORRUPT
 
@@ -102,25 +103,68 @@ def _listed(problems: list[str], what: str, ids: list[str]) -> None:
     problems.append(f"{len(ids)} {what}: {shown}{more}")
 
 
-class _Verifier:
-    def __init__(self, data_dir: Path, store: StoreInspector, deep: bool) -> None:
-        self.data_dir, self.store, self.deep = data_dir, store, deep
-        self.keys_dir = data_dir / "keys"
+class _FileKeys:
+    """A DuckDB store's data keys: one file each under ``keys/``, wrapped by ``master.key``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = data_dir / "keys"
         self.key_store: KeyStore | None = None
-        if (data_dir / "master.key").is_file() and self.keys_dir.is_dir():
+        if (data_dir / "master.key").is_file() and self.dir.is_dir():
             self.key_store = KeyStore(data_dir)  # (both exist: it creates nothing)
-        self.corrupt = False
 
-    def key_exists(self, key_ref: str) -> bool:
-        return (self.keys_dir / key_ref.removeprefix("local:key-")).is_file()
+    def problem(self) -> str | None:
+        return "the store has no master key or no keys directory" if self.key_store is None else None
 
-    def load_key(self, key_ref: str) -> bytes | None:
+    def exists(self, key_ref: str) -> bool:
+        return (self.dir / key_ref.removeprefix("local:key-")).is_file()
+
+    def load(self, key_ref: str) -> bytes | None:
         if self.key_store is None:
             return None
         try:
             return self.key_store.load(key_ref)
         except Exception:  # noqa: BLE001 - a key the master key cannot unwrap is reported as such
             return None
+
+    def census(self, referenced: set[str]) -> tuple[list[str], int]:
+        """(orphans: key files no row references, how many key files there are)."""
+        files = sorted(p.name for p in self.dir.iterdir()) if self.dir.is_dir() else []
+        return [name for name in files if "local:key-" + name not in referenced], len(files)
+
+
+class _RowKeys:
+    """A PostgreSQL store's data keys: ``data_keys`` rows, wrapped by the master key file given."""
+
+    def __init__(self, store: PostgresInspector) -> None:
+        self.store = store
+
+    def problem(self) -> str | None:
+        if not self.store.page_cursor_key_opens():
+            return "the page-cursor key is missing or does not open under the master key"
+        return None
+
+    def exists(self, key_ref: str) -> bool:
+        return self.store.key_exists(key_ref)
+
+    def load(self, key_ref: str) -> bytes | None:
+        return self.store.load_key(key_ref)
+
+    def census(self, referenced: set[str]) -> tuple[list[str], int]:
+        return self.store.orphan_keys(), self.store.key_count()
+
+
+class _Verifier:
+    def __init__(self, data_dir: Path | None, store: StoreInspector | PostgresInspector, deep: bool,
+                 keys: _FileKeys | _RowKeys) -> None:
+        # data_dir: where the projections are (None: a shared store's live in each node, not checked here)
+        self.data_dir, self.store, self.deep, self.keys = data_dir, store, deep, keys
+        self.corrupt = False
+
+    def key_exists(self, key_ref: str) -> bool:
+        return self.keys.exists(key_ref)
+
+    def load_key(self, key_ref: str) -> bytes | None:
+        return self.keys.load(key_ref)
 
     def open_json(self, key_ref: str | None, sealed: bytes, context: bytes) -> Any:
         """The JSON a sealed blob holds, or None when its key is missing or it fails to open."""
@@ -136,12 +180,11 @@ class _Verifier:
 
     def global_problems(self) -> tuple[list[str], int]:
         problems: list[str] = []
-        if self.key_store is None:
-            problems.append("the store has no master key or no keys directory")
-        referenced = self.store.referenced_keys()
-        files = sorted(p.name for p in self.keys_dir.iterdir()) if self.keys_dir.is_dir() else []
-        orphans = [name for name in files if "local:key-" + name not in referenced]
-        _listed(problems, "data key files referenced by no candidate or record (an interrupted write; "
+        problem = self.keys.problem()
+        if problem is not None:
+            problems.append(problem)
+        orphans, count = self.keys.census(self.store.referenced_keys())
+        _listed(problems, "data keys referenced by no candidate or record (an interrupted write; "
                 "the next open destroys them)", orphans)
         listed = self.store.listed_scopes()
         for table in TABLES:
@@ -150,7 +193,7 @@ class _Verifier:
                 problems.append(f"{table} has rows under {len(stray)} scope(s) the scopes table does not list")
                 if table == "journal":
                     self.corrupt = True
-        return problems, len(files)
+        return problems, count
 
     # -- one scope -----------------------------------------------------------------------
 
@@ -160,7 +203,8 @@ class _Verifier:
         self.lifecycle(scope_ref, problems)
         candidates = self.candidates(scope_ref, problems)
         records = self.records(scope_ref, problems)
-        projection = self.projections(scope_ref, problems) if self.deep else "not checked"
+        projection = self.projections(scope_ref, problems) if self.deep and self.data_dir is not None \
+            else "not checked"
         return ScopeResult(scope_ref, events, chain_ok, candidates, len(records), projection,
                            [f"{scope_ref}: {p}" for p in problems])
 
@@ -295,6 +339,7 @@ class _Verifier:
     # -- projections ---------------------------------------------------------------------
 
     def projections(self, scope_ref: str, problems: list[str]) -> str:
+        assert self.data_dir is not None
         cursor = self.store.projection_cursor(scope_ref)
         live_dir = self.data_dir / "projections" / scope_dirname(scope_ref)
         records = self._current_records(scope_ref)
@@ -362,7 +407,7 @@ def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
     with _held(data_dir):
         store = StoreInspector(data_dir)
         try:
-            verifier = _Verifier(data_dir, store, deep)
+            verifier = _Verifier(data_dir, store, deep, _FileKeys(data_dir))
             problems, key_files = verifier.global_problems()
             results = [verifier.scope(scope) for scope in scopes]
         finally:
@@ -371,3 +416,23 @@ def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
         problems.extend(result.problems)
     return VerifyReport(str(data_dir), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
                         key_files)
+
+
+def verify_postgres(url: str, master_key: bytes, key_file: Path, *, deep: bool = True) -> VerifyReport:
+    """Verify a PostgreSQL store, live: every check above but the projections (each node's own
+    caches, rebuilt from the store), on one read-only snapshot, with the master key file given
+    (its data keys are rows wrapped by it). Raises StoreRefused for a database that is not an
+    initialised store or a key that is not its master key."""
+    from engram_memory.store.postgres.url import redact_url
+
+    store = PostgresInspector(url, master_key, key_file)
+    try:
+        verifier = _Verifier(None, store, deep, _RowKeys(store))
+        problems, key_count = verifier.global_problems()
+        results = [verifier.scope(scope) for scope in store.scopes()]
+    finally:
+        store.close()
+    for result in results:
+        problems.extend(result.problems)
+    return VerifyReport(redact_url(url), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
+                        key_count)
