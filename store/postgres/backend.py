@@ -146,6 +146,7 @@ class PostgresStore:
             os.close(self._lock_fd)
             raise
         self._master = AESGCM(master_key)
+        self.fingerprint = fingerprint(master_key)
         self.node_id = _node_id(data_dir)
         self._url = url
         self._stop = threading.Event()
@@ -182,6 +183,8 @@ class PostgresStore:
                 self._stop.wait(POLL_S)
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return  # closed already
         self._stop.set()
         self._heart.join()
         if self._watcher is not None:
@@ -657,8 +660,14 @@ class PostgresKeyRing:
     def create(self) -> tuple[str, bytes]:
         key_ref = "local:key-" + secrets.token_hex(12)
         dek = AESGCM.generate_key(bit_length=256)
-        self._store.one("INSERT INTO data_keys (key_ref, wrapped) VALUES (%s, %s) RETURNING 1",
-                        [key_ref, wrap(self._store._master, key_ref, dek)])
+        # Only while the store is still under this node's master key: after a rotation a node started
+        # with the old key must not add keys nobody could unwrap.
+        inserted = self._store.one(
+            "INSERT INTO data_keys (key_ref, wrapped) SELECT %s, %s WHERE EXISTS"
+            " (SELECT 1 FROM store_identity WHERE master_key_fingerprint = %s) RETURNING 1",
+            [key_ref, wrap(self._store._master, key_ref, dek), self._store.fingerprint])
+        if inserted is None:
+            raise StoreError("the store's master key changed (rotated): restart this node with the new key file")
         return key_ref, dek
 
     def load(self, key_ref: str) -> bytes | None:
