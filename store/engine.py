@@ -496,6 +496,10 @@ class Engine:
             plain = to_plain(args)
             value, rid = self.lifecycle.forget(ctx, plain, self.clock())
             if rid is None:
+                if self.db.shared and value["projection_invalidation"] == "pending":
+                    # Perhaps answered by a node that has gone since: this one completes it (its
+                    # next use of the scope, or its watcher) once every live node acknowledged.
+                    self._pending.add(ctx.scope_ref)
                 return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
             if self.db.shared:

@@ -1,0 +1,334 @@
+"""Several ``serve --http`` nodes on one PostgreSQL store (issue 22 §4-§6): real node processes,
+one fresh database initialised by the real ``admin init-store``, the real MCP SDK client with
+signed contexts, and PostgreSQL itself read back to count effects."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from engram_memory.store.postgres.backend import PostgresStore
+from tests.conftest import capture_args, get_args, key, search_args
+from tests.http_fixtures import HostKit, HttpServer, SignedClient, free_port, host_context, signed_client, wait_healthy
+from tests.test_e2e_http import admit, assert_context_refused, forget_args, search_ids
+
+pytestmark = pytest.mark.anyio
+
+SCOPE = "tenant:tenant-a/workspace:ws-1"  # host_context()'s scope
+
+
+class Cluster:
+    """Nodes of one PostgreSQL store: each its own data dir, all started with the same master key."""
+
+    def __init__(self, url: str, root: Path, kit: HostKit, env: dict[str, str]) -> None:
+        self.url, self.root, self.kit, self.env = url, root, kit, env
+        self.key_file = root / "master.key"
+        init = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "admin", "init-store",
+                               "--store", url, "--master-key-out", str(self.key_file)],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert init.returncode == 0, init.stderr
+        self.nodes: dict[str, HttpServer] = {}
+
+    def start(self, name: str, *, semantic: bool = False) -> HttpServer:
+        """Start (or restart, same data dir: same node id) node ``name`` and wait until it is healthy."""
+        data_dir = self.root / name
+        port = free_port()
+        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
+                "--data-dir", str(data_dir), "--host-keys", str(self.kit.host_keys),
+                "--store", self.url, "--master-key-file", str(self.key_file), "--log-level", "DEBUG"]
+        if not semantic:
+            argv.append("--no-semantic")
+        err_path = self.root / f"{name}-{port}.stderr"
+        with err_path.open("w") as err:
+            proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(base, proc)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        node = self.nodes[name] = HttpServer(base + "/mcp", base, proc, data_dir, err_path)
+        return node
+
+    def stop(self, name: str) -> None:
+        """A graceful stop (SIGTERM): exit 0."""
+        proc = self.nodes.pop(name).proc
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, f"node {name} exited {proc.returncode} on SIGTERM"
+
+    def kill(self, name: str) -> None:
+        proc = self.nodes.pop(name).proc
+        proc.kill()
+        proc.wait(timeout=30)
+
+    def close(self) -> None:
+        for name, node in list(self.nodes.items()):
+            node.proc.send_signal(signal.SIGCONT)  # a test that failed while a node was stopped
+            self.stop(name)
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(sql.encode(), params).fetchall()
+
+    def count(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        return int(self.rows(sql, params)[0][0])
+
+    def verify_journal(self, scope_ref: str = SCOPE) -> bool:
+        """The hash chain, checked by the store itself (a short-lived node of its own)."""
+        store = PostgresStore(self.url, self.key_file.read_bytes(), self.root / "verifier", key_file=self.key_file)
+        try:
+            return store.verify_journal(scope_ref)
+        finally:
+            store.close()
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> HostKit:
+    kit = HostKit(tmp_path_factory.mktemp("pg-node-keys"))
+    kit.add("host-a")
+    return kit
+
+
+@pytest.fixture
+def cluster(pg_database: str, tmp_path: Path, kit: HostKit, offline_env: dict[str, str]) -> Iterator[Cluster]:
+    c = Cluster(pg_database, tmp_path, kit, offline_env)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@contextmanager
+def no_raise() -> Iterator[None]:
+    yield
+
+
+def client(node: HttpServer, kit: HostKit, **kw: Any) -> Any:
+    return signed_client(node.url, kit, "host-a", host_context(), **kw)
+
+
+def value(envelope: dict[str, Any]) -> dict[str, Any]:
+    assert envelope["ok"], envelope
+    return dict(envelope["output"]["value"])
+
+
+def canonical(v: dict[str, Any]) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+async def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
+        await anyio.sleep(0.2)
+
+
+# ---- writes on one node, reads on another ------------------------------------------------------
+
+
+async def test_writes_on_one_node_are_read_at_once_on_the_others(cluster: Cluster, kit: HostKit) -> None:
+    a, b, c = cluster.start("a"), cluster.start("b"), cluster.start("c")
+    async with client(a, kit) as on_a, client(b, kit) as on_b, client(c, kit) as on_c:
+        # B and C hold projections of the scope before A writes: they must catch up, not just build.
+        assert search_ids(await on_b.call("search", search_args("osprey"))) == []
+        assert search_ids(await on_c.call("search", search_args("osprey"))) == []
+        for i in range(3):
+            record_id = await admit(on_a, f"Osprey survey {i}: the north marsh count moves to Tuesdays.")
+            # Right after A answered, with no wait: read-your-writes across nodes.
+            assert record_id in search_ids(await on_b.call("search", search_args(f"osprey survey {i}")))
+            got = value(await on_c.call("get", get_args(record_id)))
+            assert got["record"]["record_id"] == record_id
+            assert got["record"]["components"][0]["text"].startswith(f"Osprey survey {i}")
+        # And the other way round: B writes, A and C read.
+        record_id = await admit(on_b, "Heron nests are counted by the south team.")
+        assert search_ids(await on_a.call("search", search_args("heron nests"))) == [record_id]
+        assert value(await on_c.call("get", get_args(record_id)))["record"]["record_id"] == record_id
+    assert cluster.count("SELECT count(*) FROM records WHERE scope_ref = %s", (SCOPE,)) == 4
+    assert cluster.verify_journal()
+
+
+async def test_a_context_used_on_one_node_is_refused_by_another(cluster: Cluster, kit: HostKit) -> None:
+    a, b = cluster.start("a"), cluster.start("b")
+    async with client(a, kit) as on_a, client(b, kit) as on_b:
+        meta = on_a.meta()
+        assert (await on_a.raw("search", search_args("replay"), meta)).structured_content["ok"]  # type: ignore[index]
+        await assert_context_refused(on_b, "search", search_args("replay"), meta)  # the shared replay table
+        await assert_context_refused(on_a, "search", search_args("replay"), meta)
+        assert (await on_b.call("search", search_args("replay")))["ok"]  # a fresh context is fine
+    assert cluster.count("SELECT count(*) FROM replay") >= 2
+
+
+# ---- the same key on two nodes at once -----------------------------------------------------------
+
+
+async def both(first: Any, second: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two calls started together (one per node); their envelopes."""
+    out: dict[int, dict[str, Any]] = {}
+
+    async def run(i: int, call: Any) -> None:
+        out[i] = await call
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, 0, first)
+        tg.start_soon(run, 1, second)
+    return out[0], out[1]
+
+
+async def test_the_same_key_on_two_nodes_at_once_has_one_effect(cluster: Cluster, kit: HostKit) -> None:
+    a, b = cluster.start("a"), cluster.start("b")
+    async with client(a, kit) as on_a, client(b, kit) as on_b:
+        for i in range(4):
+            args = capture_args(f"Kingfisher ringing round {i} moves to the weir.", key=key(f"cap{i}"))
+            first, second = await both(on_a.call("capture", args), on_b.call("capture", args))
+            caps = sorted([value(first), value(second)], key=lambda v: v["status"])
+            assert [v["status"] for v in caps] == ["committed_pending", "duplicate_exact"]
+            # The replay is the first answer, byte for byte, but for its status (TOOL_CONTRACT).
+            assert canonical({**caps[1], "status": "committed_pending"}) == canonical(caps[0])
+            cid = caps[0]["candidate_id"]
+
+            adm = {"candidate_id": cid, "idempotency_key": key(f"adm{i}")}
+            first, second = await both(on_a.call("request_admission", adm), on_b.call("request_admission", adm))
+            adms = sorted([value(first), value(second)], key=lambda v: v["replayed"])
+            assert [v["replayed"] for v in adms] == [False, True]
+            assert adms[0]["outcome"]["status"] == "accepted"
+            assert canonical(adms[1]["outcome"]) == canonical(adms[0]["outcome"])
+
+            # Another key for the decided candidate, on both at once: the same decision, no new event.
+            again = [{"candidate_id": cid, "idempotency_key": key(f"re{i}{n}")} for n in range(2)]
+            first, second = await both(on_a.call("request_admission", again[0]),
+                                       on_b.call("request_admission", again[1]))
+            for v in (value(first), value(second)):
+                assert v["outcome"] == {**adms[0]["outcome"], "status": "duplicate_exact"}
+            record_id = adms[0]["outcome"]["record_id"]
+            assert search_ids(await on_b.call("search", search_args(f"kingfisher round {i}")))[0] == record_id
+    # Exactly one effect each: one capture and one accept event per candidate, one row per thing.
+    assert cluster.rows("SELECT operation, count(*) FROM journal WHERE scope_ref = %s GROUP BY 1 ORDER BY 1",
+                        (SCOPE,)) == [("accept", 4), ("capture", 4)]
+    assert cluster.count("SELECT count(*) FROM candidates") == 4
+    assert cluster.count("SELECT count(*) FROM records") == 4
+    # A capture and an admission key each; a duplicate_exact under another key is not bound to it.
+    assert cluster.count("SELECT count(*) FROM idempotency") == 4 + 4
+    assert cluster.verify_journal()
+
+
+async def test_different_keys_from_three_nodes_at_once_keep_the_chain_dense(cluster: Cluster, kit: HostKit) -> None:
+    nodes = [cluster.start(name) for name in "abc"]
+    per_node = 8
+    admitted: list[str] = []
+
+    async def writer(node: HttpServer, n: int) -> None:
+        async with client(node, kit) as c:
+            for i in range(per_node):
+                admitted.append(await admit(c, f"Tern colony note {n}-{i}: nest {n * 100 + i} hatched."))
+
+    async with anyio.create_task_group() as tg:
+        for n, node in enumerate(nodes):
+            tg.start_soon(writer, node, n)
+    total = 2 * per_node * len(nodes)  # a capture and an accept each
+    cursors = [c for (c,) in cluster.rows("SELECT cursor FROM journal WHERE scope_ref = %s ORDER BY cursor",
+                                          (SCOPE,))]
+    assert cursors == list(range(1, total + 1))
+    assert cluster.rows("SELECT high_water, projection_cursor FROM scopes WHERE scope_ref = %s",
+                        (SCOPE,)) == [(total, total)]
+    assert cluster.verify_journal()
+    # Every node serves every record, whichever node admitted it.
+    for node in nodes:
+        async with client(node, kit) as c:
+            found = search_ids(await c.call("search", search_args("tern colony note hatched", limit=50)))
+            assert sorted(found) == sorted(admitted)
+
+
+# ---- forget on one node ----------------------------------------------------------------------------
+
+
+async def assert_gone(c: SignedClient, record_id: str, query: str) -> None:
+    assert record_id not in search_ids(await c.call("search", search_args(query)))
+    got = await c.call("get", get_args(record_id))
+    assert got["error"]["code"] == "NOT_FOUND", got
+
+
+async def test_forget_on_one_node_is_gone_everywhere_and_complete(cluster: Cluster, kit: HostKit) -> None:
+    nodes = [cluster.start(name) for name in "abc"]
+    async with client(nodes[0], kit) as on_a, client(nodes[1], kit) as on_b, client(nodes[2], kit) as on_c:
+        record_id = await admit(on_a, "The egret roost under the bridge is closed to visitors.")
+        kept = await admit(on_a, "The egret hide opens at dawn.")
+        for c in (on_b, on_c):  # every node holds the record in its projections
+            assert record_id in search_ids(await c.call("search", search_args("egret roost bridge")))
+        forgot = value(await on_b.call("forget", forget_args(record_id)))
+        # Every live node acknowledged the purge before B answered.
+        assert forgot["projection_invalidation"] == "complete"
+        assert forgot["coverage_receipt_digest"].startswith("sha256:")
+        for c in (on_a, on_b, on_c):
+            await assert_gone(c, record_id, "egret roost bridge")
+            assert value(await c.call("get", get_args(kept)))["record"]["record_id"] == kept
+    assert cluster.rows("SELECT state, key_ref, body FROM records WHERE record_id = %s",
+                        (record_id,)) == [("tombstoned", None, None)]
+    assert cluster.verify_journal()
+
+
+async def test_forget_while_a_node_is_stopped_is_pending_then_completes(cluster: Cluster, kit: HostKit) -> None:
+    a, b = cluster.start("a"), cluster.start("b")
+    async with client(a, kit) as on_a, client(b, kit) as on_b:
+        record_id = await admit(on_a, "The bittern was heard booming in the reed bed.")
+        assert search_ids(await on_b.call("search", search_args("bittern booming"))) == [record_id]
+        args = forget_args(record_id)
+        b.proc.send_signal(signal.SIGSTOP)  # live (its heartbeat is recent) but cannot acknowledge
+        try:
+            forgot = value(await on_a.call("forget", args))
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        assert forgot["projection_invalidation"] == "pending"
+        assert "coverage_receipt_digest" not in forgot
+        await assert_gone(on_a, record_id, "bittern booming")
+        await assert_gone(on_b, record_id, "bittern booming")  # B's first read after it resumed catches up
+
+        async def completed() -> bool:
+            replay = value(await on_a.call("forget", args))
+            assert replay["replayed"] is True and replay["receipt"] == forgot["receipt"]
+            return replay["projection_invalidation"] == "complete"
+
+        # A completes its pending answer once B acknowledged (A's watcher re-checks each scope
+        # every few seconds); then the replay, on any node, is the completed answer.
+        await wait_until(completed, 20, "the pending forget completes once B acknowledged")
+        replay = value(await on_b.call("forget", args))
+        assert replay["projection_invalidation"] == "complete" and replay["replayed"] is True
+        assert replay["coverage_receipt_digest"].startswith("sha256:")
+
+
+async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(cluster: Cluster, kit: HostKit) -> None:
+    """The node that answered "pending" stops before it could complete: a replay on another node
+    must not stay "pending" for ever (it did: only the answering node, or a restart, completed it)."""
+    a, b = cluster.start("a"), cluster.start("b")
+    async with client(b, kit) as on_b:
+        async with client(a, kit) as on_a:
+            record_id = await admit(on_a, "The avocet scrape floods every spring tide.")
+            assert search_ids(await on_b.call("search", search_args("avocet scrape"))) == [record_id]
+            args = forget_args(record_id)
+            b.proc.send_signal(signal.SIGSTOP)
+            try:
+                forgot = value(await on_a.call("forget", args))
+                assert forgot["projection_invalidation"] == "pending"
+                cluster.stop("a")  # gone before B could acknowledge
+            finally:
+                b.proc.send_signal(signal.SIGCONT)
+        await assert_gone(on_b, record_id, "avocet scrape")
+
+        async def completed() -> bool:
+            replay = value(await on_b.call("forget", args))
+            assert replay["replayed"] is True and replay["receipt"] == forgot["receipt"]
+            return replay["projection_invalidation"] == "complete"
+
+        await wait_until(completed, 15, "B completes the pending forget A left behind")
