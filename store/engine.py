@@ -63,6 +63,7 @@ log = logging.getLogger("engram.engine")
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 CATCH_UP_EVENTS = 5000  # a node further behind its scope's journal rebuilds the scope instead
 ACK_WAIT_S = 2.0  # how long a forget waits for the other live nodes to acknowledge their purge
+VECTOR_GRACE_S = 1.0  # how long a node waits for the vector of a record another node just admitted
 
 
 @dataclass(frozen=True)
@@ -577,13 +578,30 @@ class Engine:
         if self._closed or not self.projections.scope_dir(scope_ref).exists():
             return
         try:
-            if self._applied(scope_ref) == self.db.projection_cursor(scope_ref) and scope_ref not in self._pending:
+            target = self.db.projection_cursor(scope_ref)
+            if self._applied(scope_ref) == target and scope_ref not in self._pending:
                 return
+            self._await_vectors(scope_ref, target)
             with self._rw.write():
                 if not self._closed:
                     self._fresh(scope_ref)
         except Exception:  # noqa: BLE001 - the next read of the scope catches up on its own
             log.warning("catching up scope %s failed", scope_ref, exc_info=True)
+
+    def _await_vectors(self, scope_ref: str, target: int) -> None:
+        """The watcher, outside the lock: the notification comes at the admitting node's commit,
+        before that node has stored the record's vector. Give it a moment, so this node indexes
+        that vector instead of embedding the record again (which every node would do)."""
+        if not self.semantic_ready():
+            return
+        assert self.embedder is not None
+        changes = self.db.journal_changes(scope_ref, self._applied(scope_ref), target)
+        gone = {c.record_id for c in changes if c.operation != "accept"}
+        ids = [c.record_id for c in changes if c.operation == "accept" and c.record_id not in gone]
+        deadline = time.monotonic() + VECTOR_GRACE_S
+        while ids and len(self.db.embeddings_of(ids, self.embedder.model_digest)) < len(ids) \
+                and time.monotonic() < deadline and not self._closed:
+            time.sleep(0.05)
 
     def _sync_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
         """Index the stored embeddings of records another node admitted; embed (once, stored for
@@ -603,6 +621,7 @@ class Engine:
         if ids:
             self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
         if missing:
+            log.debug("embedding %d record(s) admitted elsewhere with no stored vector", len(missing))
             self._embed_and_store(scope_ref, missing, cursor)
 
     def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,

@@ -5,6 +5,7 @@ signed contexts, and PostgreSQL itself read back to count effects."""
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,11 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+import jwt
 import psycopg
 import pytest
 
+from engram_memory.models.hostauth import CONTEXT_META_KEY
 from engram_memory.store.postgres.backend import PostgresStore
 from tests.conftest import capture_args, get_args, key, search_args
 from tests.http_fixtures import HostKit, HttpServer, SignedClient, free_port, host_context, signed_client, wait_healthy
@@ -25,7 +29,7 @@ from tests.test_e2e_http import admit, assert_context_refused, forget_args, sear
 
 pytestmark = pytest.mark.anyio
 
-SCOPE = "tenant:tenant-a/workspace:ws-1"  # host_context()'s scope
+HYBRID = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 
 
 class Cluster:
@@ -86,13 +90,29 @@ class Cluster:
     def count(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         return int(self.rows(sql, params)[0][0])
 
-    def verify_journal(self, scope_ref: str = SCOPE) -> bool:
+    def trio(self) -> tuple[HttpServer, HttpServer, HttpServer]:
+        return self.nodes["a"], self.nodes["b"], self.nodes["c"]
+
+    def verify_journal(self, scope_ref: str) -> bool:
         """The hash chain, checked by the store itself (a short-lived node of its own)."""
         store = PostgresStore(self.url, self.key_file.read_bytes(), self.root / "verifier", key_file=self.key_file)
         try:
             return store.verify_journal(scope_ref)
         finally:
             store.close()
+
+
+@contextmanager
+def fresh_database(pg_url: str) -> Iterator[str]:
+    """A database of its own (conftest's ``pg_database`` is per test; the trio of nodes is per module)."""
+    name = "nodes_" + secrets.token_hex(6)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}".encode())
+    try:
+        yield urlsplit(pg_url)._replace(path="/" + name).geturl()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +122,34 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> HostKit:
     return kit
 
 
+@pytest.fixture(scope="module")
+def module_trio(pg_url: str, tmp_path_factory: pytest.TempPathFactory, kit: HostKit,
+         offline_env: dict[str, str]) -> Iterator[Cluster]:
+    """Three lexical nodes a, b, c on one store, shared by the tests that stop none of them for
+    good; each such test works in a tenant of its own."""
+    with fresh_database(pg_url) as url:
+        c = Cluster(url, tmp_path_factory.mktemp("trio"), kit, offline_env)
+        try:
+            for name in "abc":
+                c.start(name)
+            yield c
+        finally:
+            c.close()
+
+
+@pytest.fixture
+def trio(module_trio: Cluster) -> Cluster:
+    """The module's trio, whole again: a test that kills or stops a node restarts it, but one that
+    failed half-way may not have."""
+    for name in "abc":
+        if name not in module_trio.nodes:
+            module_trio.start(name)
+    return module_trio
+
+
 @pytest.fixture
 def cluster(pg_database: str, tmp_path: Path, kit: HostKit, offline_env: dict[str, str]) -> Iterator[Cluster]:
+    """A store of its own, no node started yet."""
     c = Cluster(pg_database, tmp_path, kit, offline_env)
     try:
         yield c
@@ -111,13 +157,16 @@ def cluster(pg_database: str, tmp_path: Path, kit: HostKit, offline_env: dict[st
         c.close()
 
 
-@contextmanager
-def no_raise() -> Iterator[None]:
-    yield
+def jti(meta: dict[str, Any]) -> str:
+    return str(jwt.decode(meta[CONTEXT_META_KEY], options={"verify_signature": False})["jti"])
 
 
-def client(node: HttpServer, kit: HostKit, **kw: Any) -> Any:
-    return signed_client(node.url, kit, "host-a", host_context(), **kw)
+def scope(tenant: str) -> str:
+    return f"tenant:{tenant}/workspace:ws-1"
+
+
+def client(node: HttpServer, kit: HostKit, tenant: str = "tenant-a") -> Any:
+    return signed_client(node.url, kit, "host-a", host_context(tenant=tenant))
 
 
 def value(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +185,38 @@ async def wait_until(condition: Any, timeout: float, what: str) -> None:
         await anyio.sleep(0.2)
 
 
+async def both(first: Any, second: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two calls started together (one per node); their envelopes."""
+    out: dict[int, dict[str, Any]] = {}
+
+    async def run(i: int, call: Any) -> None:
+        out[i] = await call
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, 0, first)
+        tg.start_soon(run, 1, second)
+    return out[0], out[1]
+
+
+async def attempt(node: HttpServer, kit: HostKit, tenant: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One call in a session of its own (a node that dies takes only this session with it)."""
+    with anyio.fail_after(20):
+        async with client(node, kit, tenant) as c:
+            return await c.call(tool, args)
+
+
+async def assert_gone(c: SignedClient, record_id: str, query: str) -> None:
+    assert record_id not in search_ids(await c.call("search", search_args(query)))
+    got = await c.call("get", get_args(record_id))
+    assert got["error"]["code"] == "NOT_FOUND", got
+
+
 # ---- writes on one node, reads on another ------------------------------------------------------
 
 
-async def test_writes_on_one_node_are_read_at_once_on_the_others(cluster: Cluster, kit: HostKit) -> None:
-    a, b, c = cluster.start("a"), cluster.start("b"), cluster.start("c")
-    async with client(a, kit) as on_a, client(b, kit) as on_b, client(c, kit) as on_c:
+async def test_writes_on_one_node_are_read_at_once_on_the_others(trio: Cluster, kit: HostKit) -> None:
+    a, b, c, t = *trio.trio(), "rw"
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b, client(c, kit, t) as on_c:
         # B and C hold projections of the scope before A writes: they must catch up, not just build.
         assert search_ids(await on_b.call("search", search_args("osprey"))) == []
         assert search_ids(await on_c.call("search", search_args("osprey"))) == []
@@ -156,40 +231,28 @@ async def test_writes_on_one_node_are_read_at_once_on_the_others(cluster: Cluste
         record_id = await admit(on_b, "Heron nests are counted by the south team.")
         assert search_ids(await on_a.call("search", search_args("heron nests"))) == [record_id]
         assert value(await on_c.call("get", get_args(record_id)))["record"]["record_id"] == record_id
-    assert cluster.count("SELECT count(*) FROM records WHERE scope_ref = %s", (SCOPE,)) == 4
-    assert cluster.verify_journal()
+    assert trio.count("SELECT count(*) FROM records WHERE scope_ref = %s", (scope(t),)) == 4
+    assert trio.verify_journal(scope(t))
 
 
-async def test_a_context_used_on_one_node_is_refused_by_another(cluster: Cluster, kit: HostKit) -> None:
-    a, b = cluster.start("a"), cluster.start("b")
-    async with client(a, kit) as on_a, client(b, kit) as on_b:
+async def test_a_context_used_on_one_node_is_refused_by_another(trio: Cluster, kit: HostKit) -> None:
+    a, b, _ = trio.trio()
+    async with client(a, kit, "replay") as on_a, client(b, kit, "replay") as on_b:
         meta = on_a.meta()
         assert (await on_a.raw("search", search_args("replay"), meta)).structured_content["ok"]  # type: ignore[index]
         await assert_context_refused(on_b, "search", search_args("replay"), meta)  # the shared replay table
         await assert_context_refused(on_a, "search", search_args("replay"), meta)
         assert (await on_b.call("search", search_args("replay")))["ok"]  # a fresh context is fine
-    assert cluster.count("SELECT count(*) FROM replay") >= 2
+    assert trio.count("SELECT count(*) FROM replay WHERE jti = %s", (jti(meta),)) == 1
 
 
 # ---- the same key on two nodes at once -----------------------------------------------------------
 
 
-async def both(first: Any, second: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two calls started together (one per node); their envelopes."""
-    out: dict[int, dict[str, Any]] = {}
-
-    async def run(i: int, call: Any) -> None:
-        out[i] = await call
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, 0, first)
-        tg.start_soon(run, 1, second)
-    return out[0], out[1]
-
-
-async def test_the_same_key_on_two_nodes_at_once_has_one_effect(cluster: Cluster, kit: HostKit) -> None:
-    a, b = cluster.start("a"), cluster.start("b")
-    async with client(a, kit) as on_a, client(b, kit) as on_b:
+async def test_the_same_key_on_two_nodes_at_once_has_one_effect(trio: Cluster, kit: HostKit) -> None:
+    a, b, _ = trio.trio()
+    t = "same-key"
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b:
         for i in range(4):
             args = capture_args(f"Kingfisher ringing round {i} moves to the weir.", key=key(f"cap{i}"))
             first, second = await both(on_a.call("capture", args), on_b.call("capture", args))
@@ -215,22 +278,22 @@ async def test_the_same_key_on_two_nodes_at_once_has_one_effect(cluster: Cluster
             record_id = adms[0]["outcome"]["record_id"]
             assert search_ids(await on_b.call("search", search_args(f"kingfisher round {i}")))[0] == record_id
     # Exactly one effect each: one capture and one accept event per candidate, one row per thing.
-    assert cluster.rows("SELECT operation, count(*) FROM journal WHERE scope_ref = %s GROUP BY 1 ORDER BY 1",
-                        (SCOPE,)) == [("accept", 4), ("capture", 4)]
-    assert cluster.count("SELECT count(*) FROM candidates") == 4
-    assert cluster.count("SELECT count(*) FROM records") == 4
+    assert trio.rows("SELECT operation, count(*) FROM journal WHERE scope_ref = %s GROUP BY 1 ORDER BY 1",
+                     (scope(t),)) == [("accept", 4), ("capture", 4)]
+    assert trio.count("SELECT count(*) FROM candidates WHERE scope_ref = %s", (scope(t),)) == 4
+    assert trio.count("SELECT count(*) FROM records WHERE scope_ref = %s", (scope(t),)) == 4
     # A capture and an admission key each; a duplicate_exact under another key is not bound to it.
-    assert cluster.count("SELECT count(*) FROM idempotency") == 4 + 4
-    assert cluster.verify_journal()
+    assert trio.count("SELECT count(*) FROM idempotency WHERE scope_ref = %s", (scope(t),)) == 4 + 4
+    assert trio.verify_journal(scope(t))
 
 
-async def test_different_keys_from_three_nodes_at_once_keep_the_chain_dense(cluster: Cluster, kit: HostKit) -> None:
-    nodes = [cluster.start(name) for name in "abc"]
+async def test_different_keys_from_three_nodes_at_once_keep_the_chain_dense(trio: Cluster, kit: HostKit) -> None:
+    nodes, t = trio.trio(), "dense"
     per_node = 8
     admitted: list[str] = []
 
     async def writer(node: HttpServer, n: int) -> None:
-        async with client(node, kit) as c:
+        async with client(node, kit, t) as c:
             for i in range(per_node):
                 admitted.append(await admit(c, f"Tern colony note {n}-{i}: nest {n * 100 + i} hatched."))
 
@@ -238,15 +301,15 @@ async def test_different_keys_from_three_nodes_at_once_keep_the_chain_dense(clus
         for n, node in enumerate(nodes):
             tg.start_soon(writer, node, n)
     total = 2 * per_node * len(nodes)  # a capture and an accept each
-    cursors = [c for (c,) in cluster.rows("SELECT cursor FROM journal WHERE scope_ref = %s ORDER BY cursor",
-                                          (SCOPE,))]
+    cursors = [c for (c,) in trio.rows("SELECT cursor FROM journal WHERE scope_ref = %s ORDER BY cursor",
+                                       (scope(t),))]
     assert cursors == list(range(1, total + 1))
-    assert cluster.rows("SELECT high_water, projection_cursor FROM scopes WHERE scope_ref = %s",
-                        (SCOPE,)) == [(total, total)]
-    assert cluster.verify_journal()
+    assert trio.rows("SELECT high_water, projection_cursor FROM scopes WHERE scope_ref = %s",
+                     (scope(t),)) == [(total, total)]
+    assert trio.verify_journal(scope(t))
     # Every node serves every record, whichever node admitted it.
     for node in nodes:
-        async with client(node, kit) as c:
+        async with client(node, kit, t) as c:
             found = search_ids(await c.call("search", search_args("tern colony note hatched", limit=50)))
             assert sorted(found) == sorted(admitted)
 
@@ -254,34 +317,28 @@ async def test_different_keys_from_three_nodes_at_once_keep_the_chain_dense(clus
 # ---- forget on one node ----------------------------------------------------------------------------
 
 
-async def assert_gone(c: SignedClient, record_id: str, query: str) -> None:
-    assert record_id not in search_ids(await c.call("search", search_args(query)))
-    got = await c.call("get", get_args(record_id))
-    assert got["error"]["code"] == "NOT_FOUND", got
-
-
-async def test_forget_on_one_node_is_gone_everywhere_and_complete(cluster: Cluster, kit: HostKit) -> None:
-    nodes = [cluster.start(name) for name in "abc"]
-    async with client(nodes[0], kit) as on_a, client(nodes[1], kit) as on_b, client(nodes[2], kit) as on_c:
+async def test_forget_on_one_node_is_gone_everywhere_and_complete(trio: Cluster, kit: HostKit) -> None:
+    a, b, c, t = *trio.trio(), "forget"
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b, client(c, kit, t) as on_c:
         record_id = await admit(on_a, "The egret roost under the bridge is closed to visitors.")
         kept = await admit(on_a, "The egret hide opens at dawn.")
-        for c in (on_b, on_c):  # every node holds the record in its projections
-            assert record_id in search_ids(await c.call("search", search_args("egret roost bridge")))
+        for n in (on_b, on_c):  # every node holds the record in its projections
+            assert record_id in search_ids(await n.call("search", search_args("egret roost bridge")))
         forgot = value(await on_b.call("forget", forget_args(record_id)))
         # Every live node acknowledged the purge before B answered.
         assert forgot["projection_invalidation"] == "complete"
         assert forgot["coverage_receipt_digest"].startswith("sha256:")
-        for c in (on_a, on_b, on_c):
-            await assert_gone(c, record_id, "egret roost bridge")
-            assert value(await c.call("get", get_args(kept)))["record"]["record_id"] == kept
-    assert cluster.rows("SELECT state, key_ref, body FROM records WHERE record_id = %s",
-                        (record_id,)) == [("tombstoned", None, None)]
-    assert cluster.verify_journal()
+        for n in (on_a, on_b, on_c):
+            await assert_gone(n, record_id, "egret roost bridge")
+            assert value(await n.call("get", get_args(kept)))["record"]["record_id"] == kept
+    assert trio.rows("SELECT state, key_ref, body FROM records WHERE record_id = %s",
+                     (record_id,)) == [("tombstoned", None, None)]
+    assert trio.verify_journal(scope(t))
 
 
-async def test_forget_while_a_node_is_stopped_is_pending_then_completes(cluster: Cluster, kit: HostKit) -> None:
-    a, b = cluster.start("a"), cluster.start("b")
-    async with client(a, kit) as on_a, client(b, kit) as on_b:
+async def test_forget_while_a_node_is_stopped_is_pending_then_completes(trio: Cluster, kit: HostKit) -> None:
+    a, b, _ = trio.trio()
+    async with client(a, kit, "pending") as on_a, client(b, kit, "pending") as on_b:
         record_id = await admit(on_a, "The bittern was heard booming in the reed bed.")
         assert search_ids(await on_b.call("search", search_args("bittern booming"))) == [record_id]
         args = forget_args(record_id)
@@ -308,12 +365,13 @@ async def test_forget_while_a_node_is_stopped_is_pending_then_completes(cluster:
         assert replay["coverage_receipt_digest"].startswith("sha256:")
 
 
-async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(cluster: Cluster, kit: HostKit) -> None:
+async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(trio: Cluster, kit: HostKit) -> None:
     """The node that answered "pending" stops before it could complete: a replay on another node
     must not stay "pending" for ever (it did: only the answering node, or a restart, completed it)."""
-    a, b = cluster.start("a"), cluster.start("b")
-    async with client(b, kit) as on_b:
-        async with client(a, kit) as on_a:
+    a, b, _ = trio.trio()
+    t = "left"
+    async with client(b, kit, t) as on_b:
+        async with client(a, kit, t) as on_a:
             record_id = await admit(on_a, "The avocet scrape floods every spring tide.")
             assert search_ids(await on_b.call("search", search_args("avocet scrape"))) == [record_id]
             args = forget_args(record_id)
@@ -321,7 +379,7 @@ async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(clus
             try:
                 forgot = value(await on_a.call("forget", args))
                 assert forgot["projection_invalidation"] == "pending"
-                cluster.stop("a")  # gone before B could acknowledge
+                trio.stop("a")  # gone before B could acknowledge
             finally:
                 b.proc.send_signal(signal.SIGCONT)
         await assert_gone(on_b, record_id, "avocet scrape")
@@ -332,3 +390,140 @@ async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(clus
             return replay["projection_invalidation"] == "complete"
 
         await wait_until(completed, 15, "B completes the pending forget A left behind")
+    trio.start("a")
+
+
+# ---- a node killed under load ------------------------------------------------------------------------
+
+
+async def test_a_node_killed_under_load_loses_no_write_and_duplicates_none(trio: Cluster, kit: HostKit) -> None:
+    """Writers send to A; A is SIGKILLed mid-load; every call A did not answer is retried on B with
+    the same idempotency key; A restarts and catches up. One effect per key, nothing lost."""
+    a, b, _ = trio.trio()
+    t = "killed"
+    ops, workers = 24, 4
+    answered: dict[int, str] = {}  # op -> record_id
+    on_b: dict[str, int] = {"capture": 0, "request_admission": 0, "duplicate": 0}
+
+    async def call(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        if "a" in trio.nodes:
+            try:
+                envelope = await attempt(a, kit, t, tool, args)
+            except Exception:  # noqa: BLE001 - A died before it answered (transport errors): the outcome is unknown
+                envelope = None
+            if envelope is not None:
+                return value(envelope)  # an error envelope is a failure, never retried elsewhere
+        on_b[tool] += 1
+        out = value(await attempt(b, kit, t, tool, args))  # the retry: same tool, same key, same arguments
+        on_b["duplicate"] += out.get("status") == "duplicate_exact" or out.get("replayed") is True
+        return out
+
+    async def writer(w: int) -> None:
+        for i in range(w, ops, workers):
+            cap = await call("capture", capture_args(f"Curlew count {i}: {i * 7} birds on the estuary.",
+                                                     key=f"kill-cap-{i:04d}-0000000000"))
+            adm = await call("request_admission", {"candidate_id": cap["candidate_id"],
+                                                   "idempotency_key": f"kill-adm-{i:04d}-0000000000"})
+            answered[i] = adm["outcome"]["record_id"]
+
+    async def killer() -> None:
+        while len(answered) < ops // 3:
+            await anyio.sleep(0.02)
+        trio.kill("a")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(killer)
+        for w in range(workers):
+            tg.start_soon(writer, w)
+    assert len(answered) == ops and len(set(answered.values())) == ops
+    assert on_b["capture"] + on_b["request_admission"] > 0, "A was killed after the load, not under it"
+    # Exactly one effect per key, and the chain is whole.
+    assert trio.rows("SELECT operation, count(*) FROM journal WHERE scope_ref = %s GROUP BY 1 ORDER BY 1",
+                     (scope(t),)) == [("accept", ops), ("capture", ops)]
+    assert trio.count("SELECT count(*) FROM idempotency WHERE scope_ref = %s", (scope(t),)) == 2 * ops
+    assert sorted(r for (r,) in trio.rows("SELECT record_id FROM records WHERE scope_ref = %s", (scope(t),))) \
+        == sorted(answered.values())
+    assert [c for (c,) in trio.rows("SELECT cursor FROM journal WHERE scope_ref = %s ORDER BY cursor",
+                                    (scope(t),))] == list(range(1, 2 * ops + 1))
+    assert trio.verify_journal(scope(t))
+    # The killed node restarts on its own data dir and serves every record, wherever it was admitted.
+    a = trio.start("a")
+    async with client(a, kit, t) as on_a:
+        found = search_ids(await on_a.call("search", search_args("curlew count birds estuary", limit=50)))
+        assert sorted(found) == sorted(answered.values())
+        for record_id in answered.values():
+            assert value(await on_a.call("get", get_args(record_id)))["record"]["record_id"] == record_id
+
+
+async def test_an_admission_a_killed_node_committed_but_never_answered_is_replayed_by_another(
+        trio: Cluster, kit: HostKit) -> None:
+    """MUTATION_OUTCOME_UNKNOWN, made certain: A commits the admission, then waits on a lock the
+    test holds (its projection acknowledgement) and is killed there. The retry on B, same key,
+    answers the committed outcome (replayed) and B serves the record."""
+    a, b, _ = trio.trio()
+    t = "unknown"
+    async with client(a, kit, t) as on_a:
+        cid = value(await on_a.call("capture", capture_args("Godwit flocks roost on the spit at high water.")))
+    adm = {"candidate_id": cid["candidate_id"], "idempotency_key": key("adm-unknown")}
+    with psycopg.connect(trio.url) as hold:  # one transaction until the with block ends
+        hold.execute(b"LOCK TABLE node_cursors IN EXCLUSIVE MODE")
+        failed: list[BaseException] = []
+
+        async def on_a_call() -> None:
+            try:
+                await attempt(a, kit, t, "request_admission", adm)
+            except Exception as exc:  # noqa: BLE001 - what the caller sees when the node dies mid-call
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on_a_call)
+
+            async def committed() -> bool:
+                return trio.count("SELECT count(*) FROM journal WHERE scope_ref = %s AND operation = 'accept'",
+                                  (scope(t),)) == 1
+
+            await wait_until(committed, 20, "A commits the admission")
+            await anyio.sleep(0.3)  # A is now past its commit, waiting for the lock
+            trio.kill("a")
+        assert len(failed) == 1, "A answered although it was killed before its answer"
+    ledger = trio.rows("SELECT value FROM idempotency WHERE scope_ref = %s AND tool = 'request_admission'",
+                       (scope(t),))
+    assert len(ledger) == 1
+    retry = value(await attempt(b, kit, t, "request_admission", adm))
+    assert retry["replayed"] is True
+    assert canonical(retry["outcome"]) == canonical(json.loads(ledger[0][0])["outcome"])
+    assert retry["outcome"]["status"] == "accepted"
+    record_id = retry["outcome"]["record_id"]
+    async with client(b, kit, t) as on_b:
+        assert search_ids(await on_b.call("search", search_args("godwit flocks spit"))) == [record_id]
+    assert trio.rows("SELECT operation, count(*) FROM journal WHERE scope_ref = %s GROUP BY 1 ORDER BY 1",
+                     (scope(t),)) == [("accept", 1), ("capture", 1)]
+    a = trio.start("a")  # and A, restarted, catches up from the journal
+    async with client(a, kit, t) as on_a:
+        assert value(await on_a.call("get", get_args(record_id)))["record"]["record_id"] == record_id
+
+
+# ---- the semantic channel: embeddings stored once --------------------------------------------------
+
+
+async def test_a_record_admitted_on_one_node_is_found_by_meaning_on_another(cluster: Cluster, kit: HostKit) -> None:
+    a, b = cluster.start("a", semantic=True), cluster.start("b", semantic=True)
+    async with client(a, kit) as on_a, client(b, kit) as on_b:
+        for c in (on_a, on_b):
+            async def ready(c: SignedClient = c) -> bool:
+                envelope = await c.call("search", search_args("warming up", capability_policy=HYBRID))
+                if not envelope["ok"]:
+                    assert envelope["error"]["code"] == "RANKING_UNAVAILABLE", envelope
+                return bool(envelope["ok"])
+
+            await wait_until(ready, 180, "the node's semantic channel is ready")
+        record_id = await admit(on_a, "The river otter family was seen hunting eels below the mill.")
+        # No word in common: only the semantic channel can find it, from the vector A stored.
+        found = value(await on_b.call("search", search_args("aquatic mammals catching fish",
+                                                            capability_policy=HYBRID)))
+        assert found["rank_receipt"]["profile"] == "hybrid_v1"
+        ranked = found["rank_receipt"]["ranked"]
+        assert [r["record_id"] for r in ranked] == [record_id]
+        assert "semantic" in ranked[0] and "lexical" not in ranked[0]
+    assert cluster.count("SELECT count(*) FROM embeddings WHERE record_id = %s", (record_id,)) == 1
+    assert "admitted elsewhere with no stored vector" not in b.stderr()  # B indexed A's vector
