@@ -11,6 +11,7 @@ embedded before the lock is taken.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, Le
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
+from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import Store, StoreBusyError
 from engram_memory.store.crypto import open_sealed, seal
@@ -504,24 +506,32 @@ class Engine:
                 return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
             if self.db.shared:
-                return ForgetValue.model_validate(self._forget_shared(ctx, plain, value, rid, cursor))
-            self._views.removed(ctx.scope_ref, [rid], cursor)
-            # "pending" stays the answer (and the ledger's) until the record's key is gone and
-            # every projection file is rewritten without it; then the scope's next use (or, after
-            # a crash, the next start: recover) rebuilds it if needed and completes the answer.
-            try:
-                self.projections.remove(ctx.scope_ref, [rid], cursor)
-            except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
-                log.exception("projection purge failed; invalidation stays pending")
-                self._stale.add(ctx.scope_ref)
-                self._pending.add(ctx.scope_ref)
-                return ForgetValue.model_validate(value)
-            if not self.lifecycle.retry_keys():
-                log.error("a data key could not be destroyed; invalidation stays pending")
-                self._pending.add(ctx.scope_ref)
-                return ForgetValue.model_validate(value)
-            done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
-            return ForgetValue.model_validate(done)
+                self._sync(ctx.scope_ref)  # this node's purge, with whatever else the journal holds
+            else:
+                return ForgetValue.model_validate(self._forget_local(ctx, plain, value, rid, cursor))
+        # The other nodes' acknowledgements are awaited without the lock: this node's watcher
+        # needs it to acknowledge their forgets meanwhile (two nodes forgetting at once, in two
+        # scopes, each waited out the other and both answered "pending").
+        return ForgetValue.model_validate(self._forget_shared(ctx, plain, value, cursor))
+
+    def _forget_local(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,
+                      cursor: int) -> dict[str, Any]:
+        self._views.removed(ctx.scope_ref, [rid], cursor)
+        # "pending" stays the answer (and the ledger's) until the record's key is gone and
+        # every projection file is rewritten without it; then the scope's next use (or, after
+        # a crash, the next start: recover) rebuilds it if needed and completes the answer.
+        try:
+            self.projections.remove(ctx.scope_ref, [rid], cursor)
+        except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
+            log.exception("projection purge failed; invalidation stays pending")
+            self._stale.add(ctx.scope_ref)
+            self._pending.add(ctx.scope_ref)
+            return value
+        if not self.lifecycle.retry_keys():
+            log.error("a data key could not be destroyed; invalidation stays pending")
+            self._pending.add(ctx.scope_ref)
+            return value
+        return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
 
     def _window(self, record: dict[str, Any]) -> Window:
         expires = record["retention"].get("expires_at")
@@ -624,19 +634,27 @@ class Engine:
             log.debug("embedding %d record(s) admitted elsewhere with no stored vector", len(missing))
             self._embed_and_store(scope_ref, missing, cursor)
 
-    def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,
+    def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any],
                        cursor: int) -> dict[str, Any]:
-        """A forget on a shared store: purge this node's projections (with whatever else the journal
-        holds), destroy the key, then complete once every live node has acknowledged the purge;
-        otherwise the answer stays "pending" and a later use of the scope completes it."""
-        self._sync(ctx.scope_ref)
+        """A forget on a shared store, once this node purged its projections (under the lock) and
+        destroyed the key: complete once every live node has acknowledged the purge; otherwise the
+        answer stays "pending" and a later use of the scope completes it."""
         deadline = time.monotonic() + ACK_WAIT_S
         while self.db.unacknowledged(ctx.scope_ref, cursor) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
-            self._pending.add(ctx.scope_ref)
-            return value
-        return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
+        with self._rw.write():
+            if self._closed:
+                return value  # pending: completed after the next start (recover)
+            if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
+                self._pending.add(ctx.scope_ref)
+                return value
+            key = plain["idempotency_key"]
+            stored = self.db.ledger_lookup(ctx.scope_ref, ctx.principal, ledger.key_digest(key))
+            if stored is not None and json.loads(stored.value)["projection_invalidation"] == "complete":
+                # Completed while this call waited unlocked (complete_pending): that answer is the
+                # one every replay returns, so it is this call's too.
+                return dict(json.loads(stored.value))
+            return self.lifecycle.complete_forget(ctx, key, value, _coverage(cursor))
 
     def get(self, ctx: HostContext, args: GetInput) -> GetValue:
         now = self.clock()

@@ -336,6 +336,30 @@ async def test_forget_on_one_node_is_gone_everywhere_and_complete(trio: Cluster,
     assert trio.verify_journal(scope(t))
 
 
+async def test_forgets_on_two_nodes_at_once_both_complete(trio: Cluster, kit: HostKit) -> None:
+    """Each node's forget waits for the other's acknowledgement: it must not hold the lock the
+    other node needs to acknowledge (both answered "pending" after 2 s when the two forgets were
+    in different scopes: neither node could purge the other's)."""
+    a, b, _ = trio.trio()
+    records: dict[str, str] = {}
+    for t in ("forget-x", "forget-y"):
+        async with client(a, kit, t) as on_a, client(b, kit, t) as on_b:
+            records[t] = await admit(on_a, "The little grebe dives under the jetty.")
+            for c in (on_a, on_b):  # both nodes hold both scopes' projections
+                assert search_ids(await c.call("search", search_args("grebe"))) == [records[t]]
+    async with client(a, kit, "forget-x") as on_a, client(b, kit, "forget-y") as on_b:
+        started = time.monotonic()
+        one, other = await both(on_a.call("forget", forget_args(records["forget-x"])),
+                                on_b.call("forget", forget_args(records["forget-y"])))
+        elapsed = time.monotonic() - started
+        assert [value(one)["projection_invalidation"], value(other)["projection_invalidation"]] == ["complete"] * 2
+    for t in ("forget-x", "forget-y"):
+        async with client(a, kit, t) as on_a, client(b, kit, t) as on_b:
+            for c in (on_a, on_b):
+                await assert_gone(c, records[t], "grebe")
+    assert elapsed < 2.0, f"the two forgets took {elapsed:.1f} s"
+
+
 async def test_forget_while_a_node_is_stopped_is_pending_then_completes(trio: Cluster, kit: HostKit) -> None:
     a, b, _ = trio.trio()
     async with client(a, kit, "pending") as on_a, client(b, kit, "pending") as on_b:
