@@ -25,7 +25,7 @@ from engram_memory.models.hostauth import CONTEXT_META_KEY
 from engram_memory.store.postgres.backend import PostgresStore
 from tests.conftest import capture_args, get_args, key, search_args
 from tests.http_fixtures import HostKit, HttpServer, SignedClient, free_port, host_context, signed_client, wait_healthy
-from tests.test_e2e_http import admit, assert_context_refused, forget_args, search_ids
+from tests.test_e2e_http import admit, assert_context_refused, forget_args, search_ids, withdraw_args
 
 pytestmark = pytest.mark.anyio
 
@@ -246,6 +246,22 @@ async def test_a_context_used_on_one_node_is_refused_by_another(trio: Cluster, k
     assert trio.count("SELECT count(*) FROM replay WHERE jti = %s", (jti(meta),)) == 1
 
 
+async def test_a_search_paged_on_one_node_continues_on_the_others(trio: Cluster, kit: HostKit) -> None:
+    """Behind a load balancer the next page may go to any node: the page-cursor key is the store's."""
+    a, b, c, t = *trio.trio(), "paging"
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b, client(c, kit, t) as on_c:
+        admitted = {await admit(on_a, f"Lapwing plot {i} was ploughed late this year.") for i in range(5)}
+        pages: list[list[str]] = []
+        cursor: str | None = None
+        for node in (on_b, on_c, on_a):
+            extra = {"page_cursor": cursor} if cursor else {}
+            page = value(await node.call("search", search_args("lapwing plot ploughed", limit=2, **extra)))
+            pages.append([p["record"]["record_id"] for p in page["records"]])
+            cursor = page.get("next_page_cursor")
+        assert [len(p) for p in pages] == [2, 2, 1] and cursor is None
+        assert sorted(sum(pages, [])) == sorted(admitted)
+
+
 # ---- the same key on two nodes at once -----------------------------------------------------------
 
 
@@ -284,6 +300,29 @@ async def test_the_same_key_on_two_nodes_at_once_has_one_effect(trio: Cluster, k
     assert trio.count("SELECT count(*) FROM records WHERE scope_ref = %s", (scope(t),)) == 4
     # A capture and an admission key each; a duplicate_exact under another key is not bound to it.
     assert trio.count("SELECT count(*) FROM idempotency WHERE scope_ref = %s", (scope(t),)) == 4 + 4
+    assert trio.verify_journal(scope(t))
+
+
+async def test_an_admission_and_a_withdraw_racing_on_two_nodes_have_one_winner(trio: Cluster, kit: HostKit) -> None:
+    a, b, c, t = *trio.trio(), "race"
+    admitted: list[str] = []
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b, client(c, kit, t) as on_c:
+        for i in range(3):
+            cid = value(await on_c.call("capture", capture_args(f"Snipe drumming heard at dusk, night {i}.")))
+            adm, wd = await both(on_a.call("request_admission", {"candidate_id": cid["candidate_id"],
+                                                                 "idempotency_key": key("race-adm")}),
+                                 on_b.call("withdraw", withdraw_args(cid["candidate_id"])))
+            assert adm["ok"] != wd["ok"], (adm, wd)  # exactly one of them took the pending candidate
+            if adm["ok"]:
+                assert value(adm)["outcome"]["status"] == "accepted"
+                assert wd["error"]["code"] == "ILLEGAL_TRANSITION", wd  # as on one node
+            else:
+                assert adm["error"]["code"] == "NOT_FOUND", adm  # a withdrawn candidate is not found
+                assert value(wd)["key_destruction"] == "complete"
+            admitted += [value(adm)["outcome"]["record_id"]] if adm["ok"] else []
+            assert sorted(search_ids(await on_c.call("search", search_args("snipe drumming")))) == sorted(admitted)
+    events = trio.rows("SELECT operation FROM journal WHERE scope_ref = %s ORDER BY cursor", (scope(t),))
+    assert len(events) == 6 and all(op in ("accept", "withdraw") for (op,) in events[1::2])
     assert trio.verify_journal(scope(t))
 
 
