@@ -631,7 +631,7 @@ class Engine:
         if ids:
             self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
         if missing:
-            log.debug("embedding %d record(s) admitted elsewhere with no stored vector", len(missing))
+            log.debug("embedding %d admitted record(s) with no stored vector", len(missing))
             self._embed_and_store(scope_ref, missing, cursor)
 
     def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any],

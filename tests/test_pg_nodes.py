@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from engram_memory.models.hostauth import CONTEXT_META_KEY
-from engram_memory.store.postgres.backend import PostgresStore
+from engram_memory.store.postgres.backend import NODE_LIVE_S, POLL_S, PostgresStore
 from tests.conftest import capture_args, get_args, key, search_args
 from tests.http_fixtures import HostKit, HttpServer, SignedClient, free_port, host_context, signed_client, wait_healthy
 from tests.test_e2e_http import admit, assert_context_refused, forget_args, search_ids, withdraw_args
@@ -428,6 +428,33 @@ async def test_forget_while_a_node_is_stopped_is_pending_then_completes(trio: Cl
         assert replay["coverage_receipt_digest"].startswith("sha256:")
 
 
+@pytest.mark.slow
+async def test_a_node_stopped_past_its_heartbeat_no_longer_holds_a_forget_back(trio: Cluster, kit: HostKit) -> None:
+    """B is frozen longer than NODE_LIVE_S: A's pending forget completes without B (B is no longer
+    live); B, resumed, catches up before it serves anything, so the record is gone there too."""
+    a, b, _ = trio.trio()
+    t = "frozen"
+    async with client(a, kit, t) as on_a, client(b, kit, t) as on_b:
+        record_id = await admit(on_a, "The nightjar churrs over the heath after sunset.")
+        assert search_ids(await on_b.call("search", search_args("nightjar heath"))) == [record_id]
+        args = forget_args(record_id)
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert value(await on_a.call("forget", args))["projection_invalidation"] == "pending"
+
+            async def completed() -> bool:
+                return value(await on_a.call("forget", args))["projection_invalidation"] == "complete"
+
+            await wait_until(completed, NODE_LIVE_S + 3 * POLL_S, "A completes once B's heartbeat is stale")
+            # B still holds the record in its projection files: it cannot have purged anything.
+            assert trio.rows("SELECT cursor < (SELECT projection_cursor FROM scopes WHERE scope_ref = %s)"
+                             " FROM node_cursors c JOIN nodes n USING (node_id) WHERE n.pid = %s AND scope_ref = %s",
+                             (scope(t), b.proc.pid, scope(t))) == [(True,)]
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        await assert_gone(on_b, record_id, "nightjar heath")
+
+
 async def test_a_pending_forget_of_a_node_that_left_is_completed_by_another(trio: Cluster, kit: HostKit) -> None:
     """The node that answered "pending" stops before it could complete: a replay on another node
     must not stay "pending" for ever (it did: only the answering node, or a restart, completed it)."""
@@ -589,4 +616,5 @@ async def test_a_record_admitted_on_one_node_is_found_by_meaning_on_another(clus
         assert [r["record_id"] for r in ranked] == [record_id]
         assert "semantic" in ranked[0] and "lexical" not in ranked[0]
     assert cluster.count("SELECT count(*) FROM embeddings WHERE record_id = %s", (record_id,)) == 1
-    assert "admitted elsewhere with no stored vector" not in b.stderr()  # B indexed A's vector
+    assert "with no stored vector" not in b.stderr()  # B embedded nothing: it indexed the vector A stored
+    assert "embedding 1 admitted record(s) with no stored vector" in a.stderr()  # A did, once
