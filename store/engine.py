@@ -11,6 +11,7 @@ embedded before the lock is taken.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, Le
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
+from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import Store, StoreBusyError
 from engram_memory.store.crypto import open_sealed, seal
@@ -63,6 +65,7 @@ log = logging.getLogger("engram.engine")
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 CATCH_UP_EVENTS = 5000  # a node further behind its scope's journal rebuilds the scope instead
 ACK_WAIT_S = 2.0  # how long a forget waits for the other live nodes to acknowledge their purge
+VECTOR_GRACE_S = 1.0  # how long a node waits for the vector of a record another node just admitted
 
 
 @dataclass(frozen=True)
@@ -496,27 +499,39 @@ class Engine:
             plain = to_plain(args)
             value, rid = self.lifecycle.forget(ctx, plain, self.clock())
             if rid is None:
+                if self.db.shared and value["projection_invalidation"] == "pending":
+                    # Perhaps answered by a node that has gone since: this one completes it (its
+                    # next use of the scope, or its watcher) once every live node acknowledged.
+                    self._pending.add(ctx.scope_ref)
                 return ForgetValue.model_validate(value)  # replay: the first answer
             cursor = int(value["receipt"]["cursor"])
             if self.db.shared:
-                return ForgetValue.model_validate(self._forget_shared(ctx, plain, value, rid, cursor))
-            self._views.removed(ctx.scope_ref, [rid], cursor)
-            # "pending" stays the answer (and the ledger's) until the record's key is gone and
-            # every projection file is rewritten without it; then the scope's next use (or, after
-            # a crash, the next start: recover) rebuilds it if needed and completes the answer.
-            try:
-                self.projections.remove(ctx.scope_ref, [rid], cursor)
-            except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
-                log.exception("projection purge failed; invalidation stays pending")
-                self._stale.add(ctx.scope_ref)
-                self._pending.add(ctx.scope_ref)
-                return ForgetValue.model_validate(value)
-            if not self.lifecycle.retry_keys():
-                log.error("a data key could not be destroyed; invalidation stays pending")
-                self._pending.add(ctx.scope_ref)
-                return ForgetValue.model_validate(value)
-            done = self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
-            return ForgetValue.model_validate(done)
+                self._sync(ctx.scope_ref)  # this node's purge, with whatever else the journal holds
+            else:
+                return ForgetValue.model_validate(self._forget_local(ctx, plain, value, rid, cursor))
+        # The other nodes' acknowledgements are awaited without the lock: this node's watcher
+        # needs it to acknowledge their forgets meanwhile (two nodes forgetting at once, in two
+        # scopes, each waited out the other and both answered "pending").
+        return ForgetValue.model_validate(self._forget_shared(ctx, plain, value, cursor))
+
+    def _forget_local(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,
+                      cursor: int) -> dict[str, Any]:
+        self._views.removed(ctx.scope_ref, [rid], cursor)
+        # "pending" stays the answer (and the ledger's) until the record's key is gone and
+        # every projection file is rewritten without it; then the scope's next use (or, after
+        # a crash, the next start: recover) rebuilds it if needed and completes the answer.
+        try:
+            self.projections.remove(ctx.scope_ref, [rid], cursor)
+        except Exception:  # noqa: BLE001 - reported as pending; the next use rebuilds the scope
+            log.exception("projection purge failed; invalidation stays pending")
+            self._stale.add(ctx.scope_ref)
+            self._pending.add(ctx.scope_ref)
+            return value
+        if not self.lifecycle.retry_keys():
+            log.error("a data key could not be destroyed; invalidation stays pending")
+            self._pending.add(ctx.scope_ref)
+            return value
+        return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
 
     def _window(self, record: dict[str, Any]) -> Window:
         expires = record["retention"].get("expires_at")
@@ -573,13 +588,30 @@ class Engine:
         if self._closed or not self.projections.scope_dir(scope_ref).exists():
             return
         try:
-            if self._applied(scope_ref) == self.db.projection_cursor(scope_ref) and scope_ref not in self._pending:
+            target = self.db.projection_cursor(scope_ref)
+            if self._applied(scope_ref) == target and scope_ref not in self._pending:
                 return
+            self._await_vectors(scope_ref, target)
             with self._rw.write():
                 if not self._closed:
                     self._fresh(scope_ref)
         except Exception:  # noqa: BLE001 - the next read of the scope catches up on its own
             log.warning("catching up scope %s failed", scope_ref, exc_info=True)
+
+    def _await_vectors(self, scope_ref: str, target: int) -> None:
+        """The watcher, outside the lock: the notification comes at the admitting node's commit,
+        before that node has stored the record's vector. Give it a moment, so this node indexes
+        that vector instead of embedding the record again (which every node would do)."""
+        if not self.semantic_ready():
+            return
+        assert self.embedder is not None
+        changes = self.db.journal_changes(scope_ref, self._applied(scope_ref), target)
+        gone = {c.record_id for c in changes if c.operation != "accept"}
+        ids = [c.record_id for c in changes if c.operation == "accept" and c.record_id not in gone]
+        deadline = time.monotonic() + VECTOR_GRACE_S
+        while ids and len(self.db.embeddings_of(ids, self.embedder.model_digest)) < len(ids) \
+                and time.monotonic() < deadline and not self._closed:
+            time.sleep(0.05)
 
     def _sync_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
         """Index the stored embeddings of records another node admitted; embed (once, stored for
@@ -599,21 +631,30 @@ class Engine:
         if ids:
             self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
         if missing:
+            log.debug("embedding %d admitted record(s) with no stored vector", len(missing))
             self._embed_and_store(scope_ref, missing, cursor)
 
-    def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any], rid: str,
+    def _forget_shared(self, ctx: HostContext, plain: dict[str, Any], value: dict[str, Any],
                        cursor: int) -> dict[str, Any]:
-        """A forget on a shared store: purge this node's projections (with whatever else the journal
-        holds), destroy the key, then complete once every live node has acknowledged the purge;
-        otherwise the answer stays "pending" and a later use of the scope completes it."""
-        self._sync(ctx.scope_ref)
+        """A forget on a shared store, once this node purged its projections (under the lock) and
+        destroyed the key: complete once every live node has acknowledged the purge; otherwise the
+        answer stays "pending" and a later use of the scope completes it."""
         deadline = time.monotonic() + ACK_WAIT_S
         while self.db.unacknowledged(ctx.scope_ref, cursor) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
-            self._pending.add(ctx.scope_ref)
-            return value
-        return self.lifecycle.complete_forget(ctx, plain["idempotency_key"], value, _coverage(cursor))
+        with self._rw.write():
+            if self._closed:
+                return value  # pending: completed after the next start (recover)
+            if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
+                self._pending.add(ctx.scope_ref)
+                return value
+            key = plain["idempotency_key"]
+            stored = self.db.ledger_lookup(ctx.scope_ref, ctx.principal, ledger.key_digest(key))
+            if stored is not None and json.loads(stored.value)["projection_invalidation"] == "complete":
+                # Completed while this call waited unlocked (complete_pending): that answer is the
+                # one every replay returns, so it is this call's too.
+                return dict(json.loads(stored.value))
+            return self.lifecycle.complete_forget(ctx, key, value, _coverage(cursor))
 
     def get(self, ctx: HostContext, args: GetInput) -> GetValue:
         now = self.clock()
