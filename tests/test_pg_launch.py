@@ -90,3 +90,36 @@ def test_rebuild_index_rebuilds_one_nodes_projections_from_the_store(pg_database
              "--store needs --master-key-file")
     one_line(run("rebuild-index", "--store", pg_database, "--master-key-file", key, "--data-dir", tmp_path / "node",
                  "--tenant", "acme", "--workspace", "nope"), 2, "no scope acme/nope")
+
+
+def test_a_node_directory_caches_one_store(pg_url: str, tmp_path: Path) -> None:
+    """A node dir pointed at another store (re-initialised, or replaced under the same URL) discards
+    the projections it built from the first one instead of serving them as the new store's."""
+    from engram_memory.models.settings import EngineSettings
+    from engram_memory.store.engine import Engine
+    from tests.conftest import fresh_database
+    from tests.store_fixtures import T0, admission_args, call, capture_args, ctx
+
+    node = tmp_path / "node"
+    with fresh_database(pg_url) as first, fresh_database(pg_url) as second:
+        for n, url in enumerate((first, second)):
+            assert run("admin", "init-store", "--store", url, "--master-key-out", tmp_path / f"{n}.key").returncode == 0
+        engine = Engine.open(EngineSettings(data_dir=node, store=first, master_key_file=tmp_path / "0.key",
+                                            semantic=False), clock=lambda: T0)
+        cid = call(engine, "capture", ctx(), capture_args("Zorblax rollout notes", key="cap-key-000000001"))
+        call(engine, "request_admission", ctx(), admission_args(cid["candidate_id"], key="adm-key-000000001"))
+        engine.close()
+        assert any((node / "projections").iterdir())
+        first_id = (node / "store.id").read_text()
+
+        engine = Engine.open(EngineSettings(data_dir=node, store=second, master_key_file=tmp_path / "1.key",
+                                            semantic=False), clock=lambda: T0)
+        try:
+            assert (node / "store.id").read_text() != first_id
+            assert not (node / "projections").exists() or not any((node / "projections").iterdir())
+            found = call(engine, "search", ctx(), {"query": "Zorblax rollout", "purpose_ref": "purpose:test",
+                                                    "capability_policy": {"minimum_channels": "lexical",
+                                                                          "network": "forbid"}})
+            assert found["records"] == []
+        finally:
+            engine.close()

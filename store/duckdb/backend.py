@@ -413,8 +413,11 @@ def _ledger_lookup(con: duckdb.DuckDBPyConnection, scope_ref: str, principal: st
 
 def _ledger_update(con: duckdb.DuckDBPyConnection, scope_ref: str, principal: str, key_digest: str,
                    value: str) -> None:
+    # Only a "pending" answer is ever upgraded, once: the first completion is the answer for good.
     con.execute(
-        "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
+        "UPDATE idempotency SET value = ? WHERE scope_ref = ? AND principal = ? AND key_digest = ?"
+        " AND (value LIKE '%\"key_destruction\":\"pending\"%'"
+        " OR value LIKE '%\"projection_invalidation\":\"pending\"%')",
         [value, scope_ref, principal, key_digest],
     )
 

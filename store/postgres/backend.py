@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -148,6 +149,7 @@ class PostgresStore:
         self._master = AESGCM(master_key)
         self.fingerprint = fingerprint(master_key)
         self.node_id = _node_id(data_dir)
+        _bind_node_dir(data_dir, self.store_id())
         self._url = url
         self._stop = threading.Event()
         self.keys_destroyed = threading.Event()  # set by the key ring; the heartbeat then vacuums
@@ -443,6 +445,21 @@ def _version() -> str:
     return version("engram-memory")
 
 
+def _bind_node_dir(data_dir: Path, store_id: str) -> None:
+    """A node's directory caches one store: projections built from another store (re-initialised or
+    replaced under the same URL) are discarded, and rebuilt from this one on first use."""
+    path = data_dir / "store.id"
+    try:
+        known = path.read_text().strip()
+    except FileNotFoundError:
+        known = None
+    if known != store_id:
+        if known is not None or (data_dir / "projections").exists():
+            shutil.rmtree(data_dir / "projections", ignore_errors=True)
+            log.warning("node directory %s held another store's projections: discarded", data_dir)
+        path.write_text(store_id + "\n")
+
+
 def _node_id(data_dir: Path) -> str:
     """This node's id, kept in its data dir (a new directory is a new node)."""
     path = data_dir / "node.id"
@@ -466,8 +483,12 @@ def _ledger_lookup(conn: psycopg.Connection, scope_ref: str, principal: str, key
 
 
 def _ledger_update(conn: psycopg.Connection, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
+    # Only a "pending" answer is ever upgraded, once: when two nodes complete it at the same time (with
+    # coverage digests of different cursors), the first completion is the answer for good.
     conn.execute(
-        "UPDATE idempotency SET value = %s WHERE scope_ref = %s AND principal = %s AND key_digest = %s",
+        "UPDATE idempotency SET value = %s WHERE scope_ref = %s AND principal = %s AND key_digest = %s"
+        " AND (strpos(value, '\"key_destruction\":\"pending\"') > 0"
+        " OR strpos(value, '\"projection_invalidation\":\"pending\"') > 0)",
         [value, scope_ref, principal, key_digest],
     )
 
