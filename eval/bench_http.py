@@ -482,6 +482,93 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+# ---- a PostgreSQL store of the bench's own (shared with engram-memory crash) ---------------------
+
+
+def check_admin_url(url: str) -> str:
+    """A password-free libpq URL of a role that may CREATE DATABASE; reachable, else UsageError."""
+    import psycopg
+
+    from engram_memory.store.postgres.url import check_store_url
+
+    try:
+        check_store_url(url)
+    except ValueError as exc:
+        raise UsageError(f"--store: {exc}") from None
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        raise UsageError("--store: cannot connect to that PostgreSQL (the harness needs a role that may "
+                         "CREATE DATABASE)") from None
+    return url
+
+
+def create_database(admin_url: str, prefix: str) -> str:
+    """A fresh, empty database next to ``admin_url``'s (whose role may CREATE DATABASE); its URL."""
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(4)}".lower()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    return urlsplit(admin_url)._replace(path="/" + name).geturl()
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def init_store(url: str, key_out: Path) -> None:
+    """The real ``engram-memory admin init-store`` (schema, store identity, a new master key file)."""
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "admin", "init-store", "--store", url,
+            "--master-key-out", str(key_out)]
+    done = subprocess.run(argv, env=server_env(), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"admin init-store failed: {(done.stderr or done.stdout).strip()[-400:]}")
+
+
+@dataclass(frozen=True)
+class StoreArgs:
+    """How a node reaches its store: DuckDB in its data dir (url None) or a shared PostgreSQL."""
+
+    url: str | None = None
+    master_key_file: Path | None = None
+
+    def argv(self) -> list[str]:
+        if self.url is None:
+            return []
+        return ["--store", self.url, "--master-key-file", str(self.master_key_file)]
+
+
+def start_node(data_dir: Path, keys_dir: Path, log: Path, store: StoreArgs | None = None, semantic: bool = False,
+               env: Mapping[str, str] | None = None, log_mode: str = "a") -> tuple[subprocess.Popen[bytes], str]:
+    """``serve --http`` on a free port with no rate limit; (process, base URL) once healthy."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(3):  # another process may take the free port between probe and bind
+        port = free_port()
+        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
+                "--data-dir", str(data_dir), "--host-keys", str(keys_dir / "host-keys.toml"), "--rate-limit", "0",
+                "--log-level", "WARNING", *(store or StoreArgs()).argv()]
+        if not semantic:
+            argv.append("--no-semantic")
+        with log.open(log_mode) as err:
+            proc = subprocess.Popen(argv, env={**server_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        base = f"http://127.0.0.1:{port}"
+        if wait_healthy(base, proc, timeout=180):
+            return proc, base
+        stop(proc)
+    raise RuntimeError(f"the server did not start; see {log}")
+
+
 def read_audience(host_keys: Path) -> str:
     with host_keys.open("rb") as fh:
         server_id = tomllib.load(fh).get("server_id")
