@@ -67,6 +67,7 @@ from engram_memory.eval.bench_http import (  # noqa: E402
     read_audience,
     start_node,
 )
+from engram_memory.eval.bench_http import UsageError as BenchUsageError  # noqa: E402
 
 Opt = typer.Option
 
@@ -844,7 +845,7 @@ def crash_cmd(
             check_admin_url(store)
         result = run_crash(trials, seed, clients, out, max_kill_s, keep, progress,
                            sys.argv[2:] if len(sys.argv) > 2 else [], store, nodes)
-    except UsageError as exc:
+    except (UsageError, BenchUsageError) as exc:
         sys.stderr.write(f"engram-memory: error: {exc}\n")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

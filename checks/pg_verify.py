@@ -133,7 +133,7 @@ def verify_pg_store(url: str, master_key_file: Path, node_dirs: list[Path], scra
                 live = Projections(node_dir / "projections")
                 built = None
                 try:
-                    have = live.lexical(scope).cursor
+                    have = live.lexical(scope).cursor or "0"  # (never written: nothing was admitted yet)
                     if have != str(cursor):
                         report.projections.append("stale")
                         report.problems.append(f"node {k}: projections of {scope} at cursor {have}, the store "
