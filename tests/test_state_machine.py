@@ -30,7 +30,7 @@ a forget and the search after it, and the pages of one search reach different no
 model is the same. CI runs a few examples (ENGRAM_TEST_PG_URL, or a throwaway cluster); the
 long run::
 
-    ENGRAM_STATE_MACHINE_EXAMPLES=0 ENGRAM_STATE_MACHINE_PG_EXAMPLES=300 \
+    ENGRAM_STATE_MACHINE_PG_EXAMPLES=300 \
         python -m pytest -q -s -p no:cacheprovider tests/test_state_machine.py -k postgres
 """
 
