@@ -26,6 +26,23 @@ Checked per trial:
   projections equal to a fresh rebuild.
 
     engram-memory crash --trials 100 --seed 1 --clients 4 --out out/crash
+
+On PostgreSQL (issue 22), ``--store URL`` names a server and a role that may CREATE DATABASE
+(a libpq URL without a password). The checks are store-wide ("nothing else in the store"), so,
+like the DuckDB trials' fresh data dirs, each trial gets a fresh database, initialised with the
+real ``engram-memory admin init-store`` (its master key file lands in the trial's dir), dropped
+when the trial passes and kept, with its URL in ``store.url``, when it fails; pointing the
+harness at a store in use would neither isolate it nor leave that store clean. ``--nodes N``
+starts N servers on the one database (each its own data dir), spreads the clients over them
+and SIGKILLs one at random; the ledger is read once PostgreSQL has ended every session of the
+killed node (a COMMIT already in its socket still commits). Its clients' retries go to the other
+nodes while it is down; then it restarts, and every node is read back in every tenant (each
+admitted record readable unless forgotten, a search matching every record finding exactly the
+current ones), before the same answer and exactly-once checks and ``checks/pg_verify.py``
+(journal chains and heads, lifecycle rows, keys, every node's projections against a rebuild).
+
+    engram-memory crash --trials 40 --seed 1 --clients 4 --nodes 2 --store postgresql://USER@HOST:PORT/DB \
+        --out out/crash-pg
 """
 
 from __future__ import annotations

@@ -24,6 +24,15 @@ own data dir).
 ``RATE_LIMITED`` answers are counted apart, outside calls/s and the latencies). Results: a
 table on stderr, OUT/bench-http.json and OUT/bench-http.md. The pure parts (client-count
 parsing, percentiles, summaries, ratios) are covered by tests/test_bench_http_units.py.
+
+``--store URL --nodes 1,2`` (issue 22) benches PostgreSQL too: after one node on DuckDB (the
+baseline, as without the option), each node count runs on a fresh database of the server at
+URL (a role that may CREATE DATABASE), initialised by the real ``admin init-store``, every node
+started with the master key it wrote; the same seed records (tenants spread over the nodes) and
+the same client counts, each client on node ``i mod N``. Server CPU is the nodes' together.
+The configurations are printed side by side, per client count, with calls/s and p50/p99 per
+tool and their ratios to one node on DuckDB (``comparison`` in the JSON; ``configs`` holds each
+configuration's rows; ``runs`` stays the baseline's). Each database is dropped afterwards.
 """
 
 from __future__ import annotations
