@@ -151,14 +151,18 @@ def test_two_nodes_on_postgres_survive_and_clean_up(pg_url: str, tmp_path: Path)
 def kept_pg_trial(pg_url: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("crash-pg")
     make_keys(root / "keys")
-    result, ops, before = run_trial(0, 6, 3, root / "keys", root, max_kill_s=1.5, keep=True, store=pg_url, nodes=2)
-    assert result.ok, result.failures
-    assert result.by_tool.get("request_admission"), "the planted projection fault needs an admitted record"
-    trial = root / "trial-0000"
-    yield trial, (trial / "store.url").read_text().strip(), ops, before
+    # Seed 7 kills at 2.7 s: time enough to admit records (the projection fault needs one).
     from engram_memory.eval.bench_http import drop_database
 
-    drop_database(pg_url, (trial / "store.url").read_text().strip())
+    result, ops, before = run_trial(0, 7, 3, root / "keys", root, max_kill_s=3.0, keep=True, store=pg_url, nodes=2)
+    trial = root / "trial-0000"
+    url = (trial / "store.url").read_text().strip()
+    try:
+        assert result.ok, result.failures
+        assert result.by_tool.get("request_admission"), "the planted projection fault needs an admitted record"
+        yield trial, url, ops, before
+    finally:
+        drop_database(pg_url, url)
 
 
 def _pg_copy(pg_url: str, url: str) -> str:
