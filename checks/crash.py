@@ -762,7 +762,17 @@ def totals(results: list[TrialResult], seconds: float) -> dict[str, Any]:
         "pending_after_recovery": sum(r.pending_after_recovery for r in results),
         "indefinite_codes": dict(sum((Counter(r.indefinite_codes) for r in results), Counter()).most_common()),
         "seconds": seconds,
+        **_shared_totals(results),
     }
+
+
+def _shared_totals(results: list[TrialResult]) -> dict[str, Any]:
+    """On PostgreSQL: which node each kill hit, and the data keys left unreferenced (a key is
+    committed before the mutation that uses it; the sweep spares young ones, see pg_verify)."""
+    if not results or results[0].verify is None or "orphan_keys" not in results[0].verify:
+        return {}
+    return {"kills_by_node": dict(sorted(Counter(f"node {r.killed_node} of {r.nodes}" for r in results).items())),
+            "orphan_keys_left": sum((r.verify or {}).get("orphan_keys", 0) for r in results)}
 
 
 SUMMARY_ROWS = (("trials", "trials"), ("survived", "trials survived"), ("operations", "logical operations"),
@@ -786,6 +796,9 @@ def render(summary: dict[str, Any], results: list[TrialResult]) -> None:
     for key, label in SUMMARY_ROWS:
         value = summary[key]
         table.add_row(label, f"{value:,.1f}" if isinstance(value, float) else f"{value:,}")
+    if "kills_by_node" in summary:
+        table.add_row("kills by node", ", ".join(f"{k}: {v}" for k, v in summary["kills_by_node"].items()))
+        table.add_row("data keys left unreferenced (young: the sweep spares them)", f"{summary['orphan_keys_left']:,}")
     if summary.get("indefinite_codes"):
         table.add_row("no-answer kinds", ", ".join(f"{k} {v}" for k, v in summary["indefinite_codes"].items()))
     console.print(table)
