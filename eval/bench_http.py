@@ -189,6 +189,7 @@ def compare_configs(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
                          "calls_per_s_ratio": ratio("", run["calls_per_s"], (ref or {}).get("calls_per_s"),
                                                     "calls/s")["value"],
                          "errors": run["errors"], "server_cpu_ms_per_call": run.get("server_cpu_ms_per_call"),
+                         "store_cpu_ms_per_call": run.get("store_cpu_ms_per_call"),
                          "tools": tools})
     return rows
 
@@ -197,12 +198,14 @@ def comparison_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The side-by-side table: per configuration and client count, calls/s and p50/p99 per tool,
     with the ratio to one node on DuckDB at the same client count in parentheses."""
     lines = ["| config | clients | calls/s (× duckdb-1) | " + " | ".join(f"{t} p50 / p99 ms (× p50)" for t in TOOLS)
-             + " | errors | server CPU ms/call |", "|---|---:|---:|" + "---:|" * len(TOOLS) + "---:|---:|"]
+             + " | errors | CPU ms/call: nodes + PostgreSQL |", "|---|---:|---:|" + "---:|" * len(TOOLS) + "---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["clients"], r["nodes"], r["backend"] != "duckdb")):
         cells = [f"{_fmt(t['p50'])} / {_fmt(t['p99'])} ({_fmt(t['p50_ratio'], 2)}×)" for t in
                  (r["tools"][tool] for tool in TOOLS)]
         lines.append(f"| {r['config']} | {r['clients']} | {_fmt(r['calls_per_s'])} ({_fmt(r['calls_per_s_ratio'], 2)}×)"
-                     f" | " + " | ".join(cells) + f" | {r['errors']} | {_fmt(r['server_cpu_ms_per_call'])} |")
+                     f" | " + " | ".join(cells) + f" | {r['errors']} | {_fmt(r['server_cpu_ms_per_call'])}"
+                     + (f" + {_fmt(r['store_cpu_ms_per_call'])}" if r.get("store_cpu_ms_per_call") is not None else "")
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +225,7 @@ class ClientStats:
 
 
 def run_summary(clients: int, elapsed_s: float, stats: Sequence[ClientStats], *, client_cpu_s: float | None = None,
-                server_cpu_s: float | None = None) -> dict[str, Any]:
+                server_cpu_s: float | None = None, store_cpu_s: float | None = None) -> dict[str, Any]:
     """One client count's row: throughput, per-tool latency and errors, CPU per call."""
     tools: dict[str, Any] = {}
     for tool in TOOLS:
@@ -248,6 +251,8 @@ def run_summary(clients: int, elapsed_s: float, stats: Sequence[ClientStats], *,
         "rate_limited": sum(st.rate_limited for st in stats),
         "client_cpu_ms_per_call": client_cpu_s * 1e3 / calls if client_cpu_s is not None and calls else None,
         "server_cpu_ms_per_call": server_cpu_s * 1e3 / calls if server_cpu_s is not None and calls else None,
+        # PostgreSQL's backends serving the nodes (None on DuckDB, which runs inside the server process)
+        "store_cpu_ms_per_call": store_cpu_s * 1e3 / calls if store_cpu_s is not None and calls else None,
     }
 
 
@@ -332,12 +337,14 @@ def render(result: Mapping[str, Any]) -> None:
     console.print(ratios)
     if result.get("comparison"):
         side = Table(title="side by side, same load (per tool: p50/p99 ms, × p50 of duckdb-1)")
-        for col in ("config", "clients", "calls/s", "× duckdb-1", *TOOLS, "errors"):
+        for col in ("config", "clients", "calls/s", "× duckdb-1", *TOOLS, "errors", "CPU ms/call nodes+PG"):
             side.add_column(col, justify="left" if col == "config" else "right")
         for c in sorted(result["comparison"], key=lambda r: (r["clients"], r["nodes"], r["backend"] != "duckdb")):
             side.add_row(c["config"], str(c["clients"]), _fmt(c["calls_per_s"]), f"{_fmt(c['calls_per_s_ratio'], 2)}×",
                          *(f"{_fmt(t['p50'])}/{_fmt(t['p99'])} ({_fmt(t['p50_ratio'], 2)}×)"
-                           for t in (c["tools"][tool] for tool in TOOLS)), str(c["errors"]))
+                           for t in (c["tools"][tool] for tool in TOOLS)), str(c["errors"]),
+                         _fmt(c["server_cpu_ms_per_call"]) + (f"+{_fmt(c['store_cpu_ms_per_call'])}"
+                                                              if c.get("store_cpu_ms_per_call") is not None else ""))
         console.print(side)
     for entry in result.get("configs", []):
         for r in entry["runs"]:
@@ -483,6 +490,7 @@ class Target:
     audience: str
     server_pid: int | None = None  # the server process when the bench started it
     log: Path | None = None
+    store_url: str | None = None  # its PostgreSQL database, when the bench created it
 
 
 def free_port() -> int:
@@ -546,7 +554,7 @@ def own_nodes(workdir: Path, out: Path, semantic: bool, store: str | None = None
             procs.append(proc)
             targets.append(Target(url + "/mcp", KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
                                   (keys_dir / f"{KID}.token").read_text().strip(),
-                                  read_audience(keys_dir / "host-keys.toml"), proc.pid, log))
+                                  read_audience(keys_dir / "host-keys.toml"), proc.pid, log, db_url))
         yield targets
     finally:
         for proc in procs:
@@ -680,6 +688,23 @@ def external_target(url: str, host_keys: Path, key: Path, token_file: Path) -> T
     if not isinstance(kid, str):
         raise UsageError(f"--key {key} matches no host in {host_keys}")
     return Target(url, kid, key.read_bytes(), token_file.read_text().strip(), read_audience(host_keys))
+
+
+def store_backends_cpu(targets: Sequence[Target]) -> dict[int, float] | None:
+    """CPU seconds so far of each PostgreSQL backend serving the bench's database, by pid (from
+    /proc: only when PostgreSQL runs on this machine; None otherwise, and on DuckDB)."""
+    url = targets[0].store_url if targets else None
+    if url is None:
+        return None
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [int(p) for (p,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    seconds = {pid: cpu_seconds(pid) for pid in pids}
+    if pids and all(v is None for v in seconds.values()):
+        return None  # a PostgreSQL elsewhere: its CPU is not visible here
+    return {pid: v for pid, v in seconds.items() if v is not None}
 
 
 def servers_cpu(targets: Sequence[Target]) -> float | None:
@@ -880,7 +905,7 @@ async def run_clients(targets: list[Target], seed: Seed, texts: Texts, semantic:
 
     async def conductor() -> None:
         await all_ready.wait()
-        cpu0, server0 = time.process_time(), servers_cpu(targets)
+        cpu0, server0, store0 = time.process_time(), servers_cpu(targets), store_backends_cpu(targets)
         start = time.perf_counter()
         stop_at[0] = start + seconds
         go.set()
@@ -889,7 +914,7 @@ async def run_clients(targets: list[Target], seed: Seed, texts: Texts, semantic:
             progress.update(task, completed=min(elapsed, seconds),
                             calls=f"{counter[0]:,} calls, {counter[0] / max(elapsed, 1e-9):,.1f}/s")
             await anyio.sleep(0.25)
-        result.update(cpu0=cpu0, server0=server0, start=start)
+        result.update(cpu0=cpu0, server0=server0, store0=store0, start=start)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(conductor)
@@ -900,8 +925,12 @@ async def run_clients(targets: list[Target], seed: Seed, texts: Texts, semantic:
     elapsed = time.perf_counter() - result["start"]  # calls in flight at the deadline finish and count
     server1 = servers_cpu(targets)
     server_cpu = server1 - result["server0"] if server1 is not None and result["server0"] is not None else None
+    store1 = store_backends_cpu(targets)
+    store_cpu = None
+    if store1 is not None and result["store0"] is not None:  # a session opened meanwhile counts from its start
+        store_cpu = sum(cpu - result["store0"].get(pid, 0.0) for pid, cpu in store1.items())
     summary = run_summary(n, elapsed, stats, client_cpu_s=time.process_time() - result["cpu0"],
-                          server_cpu_s=server_cpu)
+                          server_cpu_s=server_cpu, store_cpu_s=store_cpu)
     progress.update(task, completed=seconds, calls=f"{summary['calls']:,} calls, {summary['calls_per_s']:,.1f}/s, "
                     f"{summary['errors']} errors")
     return summary

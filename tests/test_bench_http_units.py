@@ -90,6 +90,8 @@ def test_run_summary_totals() -> None:
     assert row["error_codes"] == {"get:INTERNAL": 1} and row["exceptions"] == {"search:ReadTimeout": 1}
     assert row["client_cpu_ms_per_call"] == pytest.approx(100.0)
     assert row["server_cpu_ms_per_call"] == pytest.approx(200.0)
+    assert row["store_cpu_ms_per_call"] is None  # DuckDB: inside the server process
+    assert run_summary(2, 2.0, [a, b], store_cpu_s=0.25)["store_cpu_ms_per_call"] == pytest.approx(50.0)
     empty = run_summary(1, 0.0, [ClientStats()])
     assert empty["calls_per_s"] == 0.0 and empty["client_cpu_ms_per_call"] is None
 
@@ -181,6 +183,8 @@ def test_configurations_compare_with_one_node_on_duckdb() -> None:
     assert result["ratios"][0]["label"] == "calls/s at 4 clients / at 1"
     text = markdown(result)
     assert "Side by side" in text and "| postgresql-2 | 4 | 60.0 (1.50×) |" in text
+    pg2["runs"][0].update(server_cpu_ms_per_call=7.0, store_cpu_ms_per_call=2.5)
+    assert "| 7.0 + 2.5 |" in markdown({**result, "comparison": compare_configs([duck, pg1, pg2])})
     assert text.index("| duckdb-1 | 1 |") < text.index("| postgresql-1 | 1 |") < text.index("| duckdb-1 | 4 |")
     alone = {"configs": [duck], "floor": {}}
     finish(alone)
