@@ -974,8 +974,8 @@ def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]
         "config": {"clients": cfg.clients, "seconds": cfg.seconds, "records": cfg.records, "tenants": TENANTS,
                    "channels": "hybrid" if cfg.semantic else "lexical", "mix": dict(MIX),
                    "server": cfg.url or "own (serve --http, --rate-limit 0)", "search_limit": SEARCH_LIMIT,
-                   "run_id": run_id, "store": "postgresql (a fresh database per configuration)"
-                   if cfg.store else "duckdb", "nodes": [1, *cfg.nodes] if cfg.store else [1]},
+                   "run_id": run_id, "configurations": ["duckdb-1", *(f"postgresql-{n}" for n in cfg.nodes)]
+                   if cfg.store else ["duckdb-1"]},
         "runs": [],
         "configs": [],
     }
