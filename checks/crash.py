@@ -504,6 +504,10 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
     ``store`` a PostgreSQL admin URL: a fresh database initialised with ``admin init-store``,
     ``nodes`` servers on it (clients spread over them), one of them killed; with several nodes
     the retries go to the others while it is down, then it restarts and every node is read back."""
+    import anyio
+
+    from engram_memory.store.verify import verify_store
+
     rng = random.Random(f"{seed}:{trial}")
     data_dir = work / f"trial-{trial:04d}"
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -529,154 +533,141 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
         # Names the node's PostgreSQL sessions, so the harness can wait for a killed node's to end.
         return None if db_url is None else {"PGAPPNAME": f"engram-crash-node-{k}"}
 
+    def target_of(url: str) -> Target:
+        return Target(url, KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
+                      (keys_dir / f"{KID}.token").read_text().strip(), read_audience(keys_dir / "host-keys.toml"))
+
     t0 = time.perf_counter()
+    in_flight: dict[str, int] = {}
     procs: list[subprocess.Popen[bytes]] = []
     urls: list[str] = []
-    try:
+    try:  # (on an error mid-trial, the finally below leaves no server running)
         for k, node_dir in enumerate(node_dirs):
             proc, url = start_server(node_dir, keys_dir, log, node_args, node_env(k))
             procs.append(proc)
             urls.append(url)
-        return _trial_body(trial, seed, clients, keep, rng, data_dir, log, prefix, texts, ops, shared, kill_after,
-                           victim, db_url, node_args, node_dirs, node_env, keys_dir, t0, procs, urls, store)
+
+        async def load() -> None:
+            go = anyio.Event()
+            all_ready = anyio.Event()
+            connected = [0]
+
+            def ready() -> None:
+                connected[0] += 1
+                if connected[0] >= clients:
+                    all_ready.set()
+
+            async def conductor() -> None:
+                await all_ready.wait()
+                go.set()
+                await anyio.sleep(kill_after)
+                in_flight.update({k: v for k, v in shared.in_flight.items() if v})
+                procs[victim].kill()  # SIGKILL: no handler, no flush, no goodbye
+                await anyio.to_thread.run_sync(procs[victim].wait)
+                shared.killed = True
+
+            targets = [target_of(url) for url in urls]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conductor)
+                for i in range(clients):
+                    tg.start_soon(load_client, targets[i % nodes], i, random.Random(f"{seed}:{trial}:{i}"), texts,
+                                  prefix, ops, shared, ready, go)
+
+        try:
+            anyio.run(load)
+        finally:
+            if procs[victim].poll() is None:
+                procs[victim].kill()
+                procs[victim].wait()
+        if db_url is not None and not wait_disconnected(db_url, f"engram-crash-node-{victim}"):
+            raise RuntimeError("PostgreSQL kept the killed node's sessions for 60 s")
+        before_kill = ledger_keys(db_url if db_url is not None else data_dir)
+        unanswered = [op for op in ops if not op.answered_in_load()]
+
+        def restart() -> TrialResult | None:
+            try:
+                procs[victim], urls[victim] = start_server(node_dirs[victim], keys_dir, log, node_args,
+                                                           node_env(victim))
+            except RuntimeError:
+                return TrialResult(trial, False, time.perf_counter() - t0, kill_after, len(ops), shared.calls, 0, 0,
+                                   in_flight, any(in_flight.values()), 0, 0, {}, ["the server did not restart after "
+                                                                                  f"the kill; see {log}"])
+            return None
+
+        if nodes == 1 and (failed := restart()) is not None:
+            return failed, ops, before_kill
+        failures: list[str] = []
+        # With several nodes the killed one stays down while the others take the retries.
+        serving = [k for k in range(nodes) if nodes == 1 or k != victim]
+
+        async def recover() -> None:
+            async with anyio.create_task_group() as tg:
+                for i in range(clients):
+                    home = i % nodes
+                    node = home if home in serving else serving[i % len(serving)]
+                    tg.start_soon(recovery_client, target_of(urls[node]), i, random.Random(f"{seed}:{trial}:{i}:r"),
+                                  prefix, ops, shared)
+
+        try:
+            anyio.run(recover)
+        except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+            failures.append(f"recovery failed: {type(exc).__name__}: {exc}")
+        if nodes > 1 and (failed := restart()) is not None:
+            return failed, ops, before_kill
+        if db_url is not None:  # every node, the restarted one too, serves exactly what the answers imply
+            try:
+                anyio.run(read_back, [target_of(u) for u in urls], prefix, ops, shared)
+            except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+                failures.append(f"read-back failed: {type(exc).__name__}: {exc}")
+        codes = [stop_server(proc) for proc in procs]
+        # -SIGTERM: uvicorn re-raises the signal after its graceful shutdown, ending the process before
+        # the engine closes (reported as a defect); the store must survive that too, so it is no failure.
+        bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
+        code = bad[0] if bad else max(codes, key=abs)
+        if bad:
+            failures.append(f"the recovered server exited with {bad[0]} when stopped")
+        failures += shared.read_failures
+        failures += check_answers(ops, before_kill)
+        failures += check_store(db_url if db_url is not None else data_dir, ops)
+        if db_url is None:
+            report = verify_store(data_dir)
+            failures += [f"verify: {p}" for p in report.problems]
+            verified = {"ok": report.ok, "code": report.code, "events": sum(s.events for s in report.scopes),
+                        "projections": [s.projection for s in report.scopes]}
+        else:
+            from engram_memory.checks.pg_verify import verify_pg_store
+
+            assert node_args.master_key_file is not None
+            pg = verify_pg_store(db_url, node_args.master_key_file, node_dirs, data_dir / "verify")
+            failures += [f"verify: {p}" for p in pg.problems]
+            verified = {"ok": pg.ok, "code": None, "events": pg.events, "projections": pg.projections,
+                        "orphan_keys": pg.orphan_keys}
+        retries = sum(_retries(op) for op in unanswered)
+        replays = sum(max(0, len(op.definitive()) - 1) for op in ops)
+        unknown_applied = sum(1 for op in unanswered if committed(op) and ledger_id(op) in before_kill)
+        unknown_fresh = sum(1 for op in unanswered if committed(op) and ledger_id(op) not in before_kill)
+        result = TrialResult(
+            trial=trial, ok=not failures, seconds=time.perf_counter() - t0, kill_after_s=kill_after,
+            operations=len(ops), calls=shared.calls, retries=retries, replays=replays, in_flight_at_kill=in_flight,
+            mid_write=any(v for v in in_flight.values()), unknown_applied=unknown_applied,
+            unknown_not_applied=unknown_fresh,
+            indefinite_codes=dict(Counter(a.code or "" for op in ops for a in op.attempts
+                                          if a.outcome == "indefinite")),
+            by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
+            pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
+            verify=verified, killed_node=victim, nodes=nodes,
+        )
+        if result.ok and not keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            log.unlink(missing_ok=True)
+            if db_url is not None and store is not None:
+                drop_database(store, db_url)
+        return result, ops, before_kill
     finally:
         for proc in procs:  # on an error mid-trial, no server outlives it
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-
-def _trial_body(trial: int, seed: int, clients: int, keep: bool, rng: random.Random, data_dir: Path, log: Path,
-                prefix: str, texts: Texts, ops: list[Op], shared: Shared, kill_after: float, victim: int,
-                db_url: str | None, node_args: StoreArgs, node_dirs: list[Path], node_env: Any, keys_dir: Path,
-                t0: float, procs: list[subprocess.Popen[bytes]], urls: list[str],
-                store: str | None) -> tuple[TrialResult, list[Op], set[tuple[str, str, str]]]:
-    import anyio
-
-    from engram_memory.store.verify import verify_store
-
-    nodes = len(procs)
-    in_flight: dict[str, int] = {}
-
-    def target_of(url: str) -> Target:
-        return Target(url, KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
-                      (keys_dir / f"{KID}.token").read_text().strip(), read_audience(keys_dir / "host-keys.toml"))
-
-    async def load() -> None:
-        go = anyio.Event()
-        all_ready = anyio.Event()
-        connected = [0]
-
-        def ready() -> None:
-            connected[0] += 1
-            if connected[0] >= clients:
-                all_ready.set()
-
-        async def conductor() -> None:
-            await all_ready.wait()
-            go.set()
-            await anyio.sleep(kill_after)
-            in_flight.update({k: v for k, v in shared.in_flight.items() if v})
-            procs[victim].kill()  # SIGKILL: no handler, no flush, no goodbye
-            await anyio.to_thread.run_sync(procs[victim].wait)
-            shared.killed = True
-
-        targets = [target_of(url) for url in urls]
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(conductor)
-            for i in range(clients):
-                tg.start_soon(load_client, targets[i % nodes], i, random.Random(f"{seed}:{trial}:{i}"), texts,
-                              prefix, ops, shared, ready, go)
-
-    try:
-        anyio.run(load)
-    finally:
-        if procs[victim].poll() is None:
-            procs[victim].kill()
-            procs[victim].wait()
-    if db_url is not None and not wait_disconnected(db_url, f"engram-crash-node-{victim}"):
-        raise RuntimeError("PostgreSQL kept the killed node's sessions for 60 s")
-    before_kill = ledger_keys(db_url if db_url is not None else data_dir)
-    unanswered = [op for op in ops if not op.answered_in_load()]
-
-    def restart() -> TrialResult | None:
-        try:
-            procs[victim], urls[victim] = start_server(node_dirs[victim], keys_dir, log, node_args,
-                                                       node_env(victim))
-        except RuntimeError:
-            return TrialResult(trial, False, time.perf_counter() - t0, kill_after, len(ops), shared.calls, 0, 0,
-                               in_flight, any(in_flight.values()), 0, 0, {}, ["the server did not restart after "
-                                                                              f"the kill; see {log}"])
-        return None
-
-    if nodes == 1 and (failed := restart()) is not None:
-        return failed, ops, before_kill
-    failures: list[str] = []
-    # With several nodes the killed one stays down while the others take the retries.
-    serving = [k for k in range(nodes) if nodes == 1 or k != victim]
-
-    async def recover() -> None:
-        async with anyio.create_task_group() as tg:
-            for i in range(clients):
-                home = i % nodes
-                node = home if home in serving else serving[i % len(serving)]
-                tg.start_soon(recovery_client, target_of(urls[node]), i, random.Random(f"{seed}:{trial}:{i}:r"),
-                              prefix, ops, shared)
-
-    try:
-        anyio.run(recover)
-    except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
-        failures.append(f"recovery failed: {type(exc).__name__}: {exc}")
-    if nodes > 1 and (failed := restart()) is not None:
-        return failed, ops, before_kill
-    if db_url is not None:  # every node, the restarted one too, serves exactly what the answers imply
-        try:
-            anyio.run(read_back, [target_of(u) for u in urls], prefix, ops, shared)
-        except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
-            failures.append(f"read-back failed: {type(exc).__name__}: {exc}")
-    codes = [stop_server(proc) for proc in procs]
-    # -SIGTERM: uvicorn re-raises the signal after its graceful shutdown, ending the process before
-    # the engine closes (reported as a defect); the store must survive that too, so it is no failure.
-    bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
-    code = bad[0] if bad else max(codes, key=abs)
-    if bad:
-        failures.append(f"the recovered server exited with {bad[0]} when stopped")
-    failures += shared.read_failures
-    failures += check_answers(ops, before_kill)
-    failures += check_store(db_url if db_url is not None else data_dir, ops)
-    if db_url is None:
-        report = verify_store(data_dir)
-        failures += [f"verify: {p}" for p in report.problems]
-        verified = {"ok": report.ok, "code": report.code, "events": sum(s.events for s in report.scopes),
-                    "projections": [s.projection for s in report.scopes]}
-    else:
-        from engram_memory.checks.pg_verify import verify_pg_store
-
-        assert node_args.master_key_file is not None
-        pg = verify_pg_store(db_url, node_args.master_key_file, node_dirs, data_dir / "verify")
-        failures += [f"verify: {p}" for p in pg.problems]
-        verified = {"ok": pg.ok, "code": None, "events": pg.events, "projections": pg.projections,
-                    "orphan_keys": pg.orphan_keys}
-    retries = sum(_retries(op) for op in unanswered)
-    replays = sum(max(0, len(op.definitive()) - 1) for op in ops)
-    unknown_applied = sum(1 for op in unanswered if committed(op) and ledger_id(op) in before_kill)
-    unknown_fresh = sum(1 for op in unanswered if committed(op) and ledger_id(op) not in before_kill)
-    result = TrialResult(
-        trial=trial, ok=not failures, seconds=time.perf_counter() - t0, kill_after_s=kill_after,
-        operations=len(ops), calls=shared.calls, retries=retries, replays=replays, in_flight_at_kill=in_flight,
-        mid_write=any(v for v in in_flight.values()), unknown_applied=unknown_applied,
-        unknown_not_applied=unknown_fresh,
-        indefinite_codes=dict(Counter(a.code or "" for op in ops for a in op.attempts if a.outcome == "indefinite")),
-        by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
-        pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
-        verify=verified, killed_node=victim, nodes=nodes,
-    )
-    if result.ok and not keep:
-        shutil.rmtree(data_dir, ignore_errors=True)
-        log.unlink(missing_ok=True)
-        if db_url is not None and store is not None:
-            drop_database(store, db_url)
-    return result, ops, before_kill
 
 
 async def read_back(targets: list[Target], prefix: str, ops: list[Op], shared: Shared) -> None:
