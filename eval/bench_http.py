@@ -975,7 +975,7 @@ def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]
                    "channels": "hybrid" if cfg.semantic else "lexical", "mix": dict(MIX),
                    "server": cfg.url or "own (serve --http, --rate-limit 0)", "search_limit": SEARCH_LIMIT,
                    "run_id": run_id, "configurations": ["duckdb-1", *(f"postgresql-{n}" for n in cfg.nodes)]
-                   if cfg.store else ["duckdb-1"]},
+                   if cfg.store else ["duckdb-1" if cfg.url is None else "external-1"]},
         "runs": [],
         "configs": [],
     }
@@ -988,7 +988,7 @@ def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]
                         calls=f"search p50 {result['floor']['search']['p50']:.2f} ms")
 
         # One node on DuckDB first (the baseline), then each PostgreSQL node count, same load each time.
-        setups: list[tuple[str, str | None, int]] = [("duckdb", None, 1)]
+        setups: list[tuple[str, str | None, int]] = [("duckdb" if cfg.url is None else "external", None, 1)]
         if cfg.store is not None:
             setups += [("postgresql", cfg.store, n) for n in cfg.nodes]
 
