@@ -26,6 +26,23 @@ Checked per trial:
   projections equal to a fresh rebuild.
 
     engram-memory crash --trials 100 --seed 1 --clients 4 --out out/crash
+
+On PostgreSQL (issue 22), ``--store URL`` names a server and a role that may CREATE DATABASE
+(a libpq URL without a password). The checks are store-wide ("nothing else in the store"), so,
+like the DuckDB trials' fresh data dirs, each trial gets a fresh database, initialised with the
+real ``engram-memory admin init-store`` (its master key file lands in the trial's dir), dropped
+when the trial passes and kept, with its URL in ``store.url``, when it fails; pointing the
+harness at a store in use would neither isolate it nor leave that store clean. ``--nodes N``
+starts N servers on the one database (each its own data dir), spreads the clients over them
+and SIGKILLs one at random; the ledger is read once PostgreSQL has ended every session of the
+killed node (a COMMIT already in its socket still commits). Its clients' retries go to the other
+nodes while it is down; then it restarts, and every node is read back in every tenant (each
+admitted record readable unless forgotten, a search matching every record finding exactly the
+current ones), before the same answer and exactly-once checks and ``checks/pg_verify.py``
+(journal chains and heads, lifecycle rows, keys, every node's projections against a rebuild).
+
+    engram-memory crash --trials 40 --seed 1 --clients 4 --nodes 2 --store postgresql://USER@HOST:PORT/DB \
+        --out out/crash-pg
 """
 
 from __future__ import annotations
@@ -54,16 +71,20 @@ from engram_memory.eval.bench_http import (  # noqa: E402
     KID,
     PURPOSE,
     WORKSPACE,
+    StoreArgs,
     Target,
     Texts,
     capture_arguments,
+    check_admin_url,
     connect,
-    free_port,
+    create_database,
+    drop_database,
+    init_store,
     make_keys,
     read_audience,
-    server_env,
-    wait_healthy,
+    start_node,
 )
+from engram_memory.eval.bench_http import UsageError as BenchUsageError  # noqa: E402
 
 Opt = typer.Option
 
@@ -280,20 +301,10 @@ async def recovery_client(target: Target, index: int, rng: random.Random, prefix
 # ---- the server ---------------------------------------------------------------------------------
 
 
-def start_server(data_dir: Path, keys_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    for _attempt in range(3):  # another process may take the free port between probe and bind
-        port = free_port()
-        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
-                "--data-dir", str(data_dir), "--host-keys", str(keys_dir / "host-keys.toml"), "--rate-limit", "0",
-                "--no-semantic", "--log-level", "WARNING"]
-        with log.open("a") as err:
-            proc = subprocess.Popen(argv, env=server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err)
-        base = f"http://127.0.0.1:{port}"
-        if wait_healthy(base, proc, timeout=180):
-            return proc, base + "/mcp"
-        stop_server(proc)
-    raise RuntimeError(f"the server did not start; see {log}")
+def start_server(data_dir: Path, keys_dir: Path, log: Path, store: StoreArgs | None = None,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    proc, base = start_node(data_dir, keys_dir, log, store or StoreArgs(), env=env)
+    return proc, base + "/mcp"
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> int:
@@ -306,16 +317,42 @@ def stop_server(proc: subprocess.Popen[bytes]) -> int:
         return -9
 
 
-def ledger_keys(data_dir: Path) -> set[tuple[str, str, str]]:
-    """(scope, principal, key digest) of every committed operation, read-only from a stopped store."""
+def ledger_keys(store: Path | str) -> set[tuple[str, str, str]]:
+    """(scope, principal, key digest) of every committed operation: read-only from a stopped DuckDB
+    store (a data dir), or from a PostgreSQL store (a URL) once the killed node's sessions are gone."""
+    if isinstance(store, str):
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as conn:
+            rows = conn.execute("SELECT scope_ref, principal, key_digest FROM idempotency").fetchall()
+        return {(str(a), str(b), str(c)) for a, b, c in rows}
     import duckdb
 
-    con = duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True)
+    con = duckdb.connect(str(store / "engram.duckdb"), read_only=True)
     try:
         return {(str(a), str(b), str(c)) for a, b, c in
                 con.execute("SELECT scope_ref, principal, key_digest FROM idempotency").fetchall()}
     finally:
         con.close()
+
+
+def wait_disconnected(url: str, application_name: str, timeout: float = 60.0) -> bool:
+    """Wait until PostgreSQL has ended every session of a killed node (named by PGAPPNAME).
+
+    A COMMIT the node sent just before SIGKILL may still sit in its socket: the backend executes it
+    after the process is gone. Only once every backend of the node has exited is the ledger the
+    truth about what the killed node committed."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                               " AND application_name = %s", [application_name]).fetchone()
+            if row is not None and int(row[0]) == 0:
+                return True
+            time.sleep(0.05)
+    return False
 
 
 def ledger_id(op: Op) -> tuple[str, str, str]:
@@ -359,19 +396,34 @@ def check_answers(ops: list[Op], before_kill: set[tuple[str, str, str]]) -> list
     return failures
 
 
-def check_store(data_dir: Path, ops: list[Op]) -> list[str]:
-    """Exactly once: the stopped store holds what the answers imply and nothing else."""
+STORE_QUERIES = ("SELECT candidate_id, state FROM candidates", "SELECT record_id, state FROM records",
+                 "SELECT operation FROM journal", "SELECT count(*) FROM idempotency")
+
+
+def _store_rows(store: Path | str) -> list[list[tuple[Any, ...]]]:
+    if isinstance(store, str):
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as conn:
+            return [conn.execute(q).fetchall() for q in STORE_QUERIES]
     import duckdb
 
-    failures: list[str] = []
-    con = duckdb.connect(str(data_dir / "engram.duckdb"), read_only=True)
+    con = duckdb.connect(str(store / "engram.duckdb"), read_only=True)
     try:
-        candidates = dict(con.execute("SELECT candidate_id, state FROM candidates").fetchall())
-        records = dict(con.execute("SELECT record_id, state FROM records").fetchall())
-        events = Counter(op for (op,) in con.execute("SELECT operation FROM journal").fetchall())
-        ledger_rows = con.execute("SELECT count(*) FROM idempotency").fetchone()
+        return [con.execute(q).fetchall() for q in STORE_QUERIES]
     finally:
         con.close()
+
+
+def check_store(store: Path | str, ops: list[Op]) -> list[str]:
+    """Exactly once: the stopped store (a DuckDB data dir, or a PostgreSQL URL) holds what the
+    answers imply and nothing else."""
+    failures: list[str] = []
+    cand_rows, rec_rows, event_rows, ledger = _store_rows(store)
+    candidates = {str(c): str(st) for c, st in cand_rows}
+    records = {str(r): str(st) for r, st in rec_rows}
+    events = Counter(str(op) for (op,) in event_rows)
+    ledger_rows = ledger[0] if ledger else None
     done = [op for op in ops if committed(op)]
     captured = {op.final().value["candidate_id"] for op in done if op.tool == "capture"}  # type: ignore[union-attr,index]
     if set(candidates) != captured:
@@ -438,13 +490,20 @@ class TrialResult:
     pending_after_recovery: int = 0
     stop_exit: int | None = None  # the recovered server's exit status after SIGTERM (0: it closed its engine)
     verify: dict[str, Any] | None = None
+    killed_node: int = 0  # which node got SIGKILL (of ``nodes``, all on one store)
+    nodes: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, max_kill_s: float,
-              keep: bool = False) -> tuple[TrialResult, list[Op], set[tuple[str, str, str]]]:
+              keep: bool = False, store: str | None = None,
+              nodes: int = 1) -> tuple[TrialResult, list[Op], set[tuple[str, str, str]]]:
+    """One kill-and-recover trial. ``store`` None: DuckDB in the trial's data dir, one server.
+    ``store`` a PostgreSQL admin URL: a fresh database initialised with ``admin init-store``,
+    ``nodes`` servers on it (clients spread over them), one of them killed; with several nodes
+    the retries go to the others while it is down, then it restarts and every node is read back."""
     import anyio
 
     from engram_memory.store.verify import verify_store
@@ -458,98 +517,205 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
     ops: list[Op] = []
     shared = Shared()
     kill_after = rng.uniform(0.05, max_kill_s)
+    victim = rng.randrange(nodes) if nodes > 1 else 0  # (the DuckDB trials draw exactly as before)
+    db_url: str | None = None
+    node_args = StoreArgs()
+    node_dirs = [data_dir]
+    if store is not None:
+        data_dir.mkdir(parents=True)
+        db_url = create_database(store, f"engram_crash_s{seed}_t{trial}")
+        (data_dir / "store.url").write_text(db_url + "\n")  # a failed trial keeps its database: named here
+        init_store(db_url, data_dir / "master.key")
+        node_args = StoreArgs(db_url, data_dir / "master.key")
+        node_dirs = [data_dir / f"node-{k}" for k in range(nodes)]
+
+    def node_env(k: int) -> dict[str, str] | None:
+        # Names the node's PostgreSQL sessions, so the harness can wait for a killed node's to end.
+        return None if db_url is None else {"PGAPPNAME": f"engram-crash-node-{k}"}
 
     def target_of(url: str) -> Target:
         return Target(url, KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
                       (keys_dir / f"{KID}.token").read_text().strip(), read_audience(keys_dir / "host-keys.toml"))
 
     t0 = time.perf_counter()
-    proc, url = start_server(data_dir, keys_dir, log)
     in_flight: dict[str, int] = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    urls: list[str] = []
+    try:  # (on an error mid-trial, the finally below leaves no server running)
+        for k, node_dir in enumerate(node_dirs):
+            proc, url = start_server(node_dir, keys_dir, log, node_args, node_env(k))
+            procs.append(proc)
+            urls.append(url)
 
-    async def load() -> None:
-        go = anyio.Event()
-        all_ready = anyio.Event()
-        connected = [0]
+        async def load() -> None:
+            go = anyio.Event()
+            all_ready = anyio.Event()
+            connected = [0]
 
-        def ready() -> None:
-            connected[0] += 1
-            if connected[0] >= clients:
-                all_ready.set()
+            def ready() -> None:
+                connected[0] += 1
+                if connected[0] >= clients:
+                    all_ready.set()
 
-        async def conductor() -> None:
-            await all_ready.wait()
-            go.set()
-            await anyio.sleep(kill_after)
-            in_flight.update({k: v for k, v in shared.in_flight.items() if v})
-            proc.kill()  # SIGKILL: no handler, no flush, no goodbye
-            await anyio.to_thread.run_sync(proc.wait)
-            shared.killed = True
+            async def conductor() -> None:
+                await all_ready.wait()
+                go.set()
+                await anyio.sleep(kill_after)
+                in_flight.update({k: v for k, v in shared.in_flight.items() if v})
+                procs[victim].kill()  # SIGKILL: no handler, no flush, no goodbye
+                await anyio.to_thread.run_sync(procs[victim].wait)
+                shared.killed = True
 
-        target = target_of(url)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(conductor)
-            for i in range(clients):
-                tg.start_soon(load_client, target, i, random.Random(f"{seed}:{trial}:{i}"), texts, prefix, ops,
-                              shared, ready, go)
+            targets = [target_of(url) for url in urls]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(conductor)
+                for i in range(clients):
+                    tg.start_soon(load_client, targets[i % nodes], i, random.Random(f"{seed}:{trial}:{i}"), texts,
+                                  prefix, ops, shared, ready, go)
 
-    try:
-        anyio.run(load)
+        try:
+            anyio.run(load)
+        finally:
+            if procs[victim].poll() is None:
+                procs[victim].kill()
+                procs[victim].wait()
+        if db_url is not None and not wait_disconnected(db_url, f"engram-crash-node-{victim}"):
+            raise RuntimeError("PostgreSQL kept the killed node's sessions for 60 s")
+        before_kill = ledger_keys(db_url if db_url is not None else data_dir)
+        unanswered = [op for op in ops if not op.answered_in_load()]
+
+        def restart() -> TrialResult | None:
+            try:
+                procs[victim], urls[victim] = start_server(node_dirs[victim], keys_dir, log, node_args,
+                                                           node_env(victim))
+            except RuntimeError:
+                return TrialResult(trial, False, time.perf_counter() - t0, kill_after, len(ops), shared.calls, 0, 0,
+                                   in_flight, any(in_flight.values()), 0, 0, {}, ["the server did not restart after "
+                                                                                  f"the kill; see {log}"])
+            return None
+
+        if nodes == 1 and (failed := restart()) is not None:
+            return failed, ops, before_kill
+        failures: list[str] = []
+        # With several nodes the killed one stays down while the others take the retries.
+        serving = [k for k in range(nodes) if nodes == 1 or k != victim]
+
+        async def recover() -> None:
+            async with anyio.create_task_group() as tg:
+                for i in range(clients):
+                    home = i % nodes
+                    node = home if home in serving else serving[i % len(serving)]
+                    tg.start_soon(recovery_client, target_of(urls[node]), i, random.Random(f"{seed}:{trial}:{i}:r"),
+                                  prefix, ops, shared)
+
+        try:
+            anyio.run(recover)
+        except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+            failures.append(f"recovery failed: {type(exc).__name__}: {exc}")
+        if nodes > 1 and (failed := restart()) is not None:
+            return failed, ops, before_kill
+        if db_url is not None:  # every node, the restarted one too, serves exactly what the answers imply
+            try:
+                anyio.run(read_back, [target_of(u) for u in urls], prefix, ops, shared)
+            except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
+                failures.append(f"read-back failed: {type(exc).__name__}: {exc}")
+        codes = [stop_server(proc) for proc in procs]
+        # -SIGTERM: uvicorn re-raises the signal after its graceful shutdown, ending the process before
+        # the engine closes (reported as a defect); the store must survive that too, so it is no failure.
+        bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
+        code = bad[0] if bad else max(codes, key=abs)
+        if bad:
+            failures.append(f"the recovered server exited with {bad[0]} when stopped")
+        failures += shared.read_failures
+        failures += check_answers(ops, before_kill)
+        failures += check_store(db_url if db_url is not None else data_dir, ops)
+        if db_url is None:
+            report = verify_store(data_dir)
+            failures += [f"verify: {p}" for p in report.problems]
+            verified = {"ok": report.ok, "code": report.code, "events": sum(s.events for s in report.scopes),
+                        "projections": [s.projection for s in report.scopes]}
+        else:
+            from engram_memory.checks.pg_verify import verify_pg_store
+
+            assert node_args.master_key_file is not None
+            pg = verify_pg_store(db_url, node_args.master_key_file, node_dirs, data_dir / "verify")
+            failures += [f"verify: {p}" for p in pg.problems]
+            verified = {"ok": pg.ok, "code": None, "events": pg.events, "projections": pg.projections,
+                        "orphan_keys": pg.orphan_keys}
+        retries = sum(_retries(op) for op in unanswered)
+        replays = sum(max(0, len(op.definitive()) - 1) for op in ops)
+        unknown_applied = sum(1 for op in unanswered if committed(op) and ledger_id(op) in before_kill)
+        unknown_fresh = sum(1 for op in unanswered if committed(op) and ledger_id(op) not in before_kill)
+        result = TrialResult(
+            trial=trial, ok=not failures, seconds=time.perf_counter() - t0, kill_after_s=kill_after,
+            operations=len(ops), calls=shared.calls, retries=retries, replays=replays, in_flight_at_kill=in_flight,
+            mid_write=any(v for v in in_flight.values()), unknown_applied=unknown_applied,
+            unknown_not_applied=unknown_fresh,
+            indefinite_codes=dict(Counter(a.code or "" for op in ops for a in op.attempts
+                                          if a.outcome == "indefinite")),
+            by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
+            pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
+            verify=verified, killed_node=victim, nodes=nodes,
+        )
+        if result.ok and not keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            log.unlink(missing_ok=True)
+            if db_url is not None and store is not None:
+                drop_database(store, db_url)
+        return result, ops, before_kill
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    before_kill = ledger_keys(data_dir)
-    unanswered = [op for op in ops if not op.answered_in_load()]
-    try:
-        proc, url = start_server(data_dir, keys_dir, log)
-    except RuntimeError:
-        failure = TrialResult(trial, False, time.perf_counter() - t0, kill_after, len(ops), shared.calls, 0, 0,
-                              in_flight, any(in_flight.values()), 0, 0, {}, ["the server did not restart after "
-                                                                             f"the kill; see {log}"])
-        return failure, ops, before_kill
-    failures: list[str] = []
+        for proc in procs:  # on an error mid-trial, no server outlives it
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
-    async def recover() -> None:
-        target = target_of(url)
-        async with anyio.create_task_group() as tg:
-            for i in range(clients):
-                tg.start_soon(recovery_client, target, i, random.Random(f"{seed}:{trial}:{i}:r"), prefix, ops, shared)
 
-    try:
-        anyio.run(recover)
-    except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
-        failures.append(f"recovery failed: {type(exc).__name__}: {exc}")
-    finally:
-        code = stop_server(proc)
-    # -SIGTERM: uvicorn re-raises the signal after its graceful shutdown, ending the process before
-    # the engine closes (reported as a defect); the store must survive that too, so it is no failure.
-    if code not in (0, -signal.SIGTERM):
-        failures.append(f"the recovered server exited with {code} when stopped")
-    failures += shared.read_failures
-    failures += check_answers(ops, before_kill)
-    failures += check_store(data_dir, ops)
-    report = verify_store(data_dir)
-    failures += [f"verify: {p}" for p in report.problems]
-    retries = sum(_retries(op) for op in unanswered)
-    replays = sum(max(0, len(op.definitive()) - 1) for op in ops)
-    unknown_applied = sum(1 for op in unanswered if committed(op) and ledger_id(op) in before_kill)
-    unknown_fresh = sum(1 for op in unanswered if committed(op) and ledger_id(op) not in before_kill)
-    result = TrialResult(
-        trial=trial, ok=not failures, seconds=time.perf_counter() - t0, kill_after_s=kill_after,
-        operations=len(ops), calls=shared.calls, retries=retries, replays=replays, in_flight_at_kill=in_flight,
-        mid_write=any(v for v in in_flight.values()), unknown_applied=unknown_applied,
-        unknown_not_applied=unknown_fresh,
-        indefinite_codes=dict(Counter(a.code or "" for op in ops for a in op.attempts if a.outcome == "indefinite")),
-        by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
-        pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
-        verify={"ok": report.ok, "code": report.code, "events": sum(s.events for s in report.scopes),
-                "projections": [s.projection for s in report.scopes]},
-    )
-    if result.ok and not keep:
-        shutil.rmtree(data_dir, ignore_errors=True)
-        log.unlink(missing_ok=True)
-    return result, ops, before_kill
+async def read_back(targets: list[Target], prefix: str, ops: list[Op], shared: Shared) -> None:
+    """On every node and in every tenant: each admitted record is readable exactly when it was not
+    forgotten, and a search matching every record finds exactly the current ones (all pages)."""
+    import anyio
+
+    from engram_memory.models.limits import LIMIT_MAX
+
+    admitted: dict[str, set[str]] = {t: set() for t in TENANTS}
+    forgotten: set[str] = set()
+    for op in ops:
+        if not committed(op):
+            continue
+        value = op.final().value or {}  # type: ignore[union-attr]
+        if op.tool == "request_admission" and value["outcome"].get("record_id"):
+            admitted[op.tenant].add(value["outcome"]["record_id"])
+        elif op.tool == "forget":
+            forgotten.add(op.args["record_id"])
+    for k, target in enumerate(targets):
+        for tenant in TENANTS:
+            async with connect(target, tenant, f"{prefix}-readback") as host:
+                for rid in sorted(admitted[tenant]):
+                    with anyio.fail_after(CALL_TIMEOUT_S):
+                        env = await host.call("get", {"record_id": rid, "purpose_ref": PURPOSE})
+                    got = "ok" if env.get("ok") else str((env.get("error") or {}).get("code"))
+                    expected = "NOT_FOUND" if rid in forgotten else "ok"
+                    if got != expected:
+                        shared.read_failures.append(f"node {k}: get {rid} answered {got}, expected {expected}")
+                found: set[str] = set()
+                args: dict[str, Any] = {"query": "note", "purpose_ref": PURPOSE, "limit": LIMIT_MAX}
+                for _page in range(100):
+                    with anyio.fail_after(CALL_TIMEOUT_S):
+                        env = await host.call("search", args)
+                    if not env.get("ok"):
+                        shared.read_failures.append(f"node {k}: search in {tenant} answered "
+                                                    f"{(env.get('error') or {}).get('code')}")
+                        break
+                    value = env["output"]["value"]
+                    found |= {p["record"]["record_id"] for p in value["records"]}
+                    if "next_page_cursor" not in value:
+                        break
+                    args = {**args, "page_cursor": value["next_page_cursor"]}
+                current = admitted[tenant] - forgotten
+                if found != current:
+                    shared.read_failures.append(
+                        f"node {k}: search in {tenant} found {len(found)} records, {len(found - current)} of them "
+                        f"not current, and missed {len(current - found)} of the {len(current)} current ones")
 
 
 def _still_pending(op: Op) -> bool:
@@ -587,7 +753,17 @@ def totals(results: list[TrialResult], seconds: float) -> dict[str, Any]:
         "pending_after_recovery": sum(r.pending_after_recovery for r in results),
         "indefinite_codes": dict(sum((Counter(r.indefinite_codes) for r in results), Counter()).most_common()),
         "seconds": seconds,
+        **_shared_totals(results),
     }
+
+
+def _shared_totals(results: list[TrialResult]) -> dict[str, Any]:
+    """On PostgreSQL: which node each kill hit, and the data keys left unreferenced (a key is
+    committed before the mutation that uses it; the sweep spares young ones, see pg_verify)."""
+    if not results or results[0].verify is None or "orphan_keys" not in results[0].verify:
+        return {}
+    return {"kills_by_node": dict(sorted(Counter(f"node {r.killed_node} of {r.nodes}" for r in results).items())),
+            "orphan_keys_left": sum((r.verify or {}).get("orphan_keys", 0) for r in results)}
 
 
 SUMMARY_ROWS = (("trials", "trials"), ("survived", "trials survived"), ("operations", "logical operations"),
@@ -611,6 +787,9 @@ def render(summary: dict[str, Any], results: list[TrialResult]) -> None:
     for key, label in SUMMARY_ROWS:
         value = summary[key]
         table.add_row(label, f"{value:,.1f}" if isinstance(value, float) else f"{value:,}")
+    if "kills_by_node" in summary:
+        table.add_row("kills by node", ", ".join(f"{k}: {v}" for k, v in summary["kills_by_node"].items()))
+        table.add_row("data keys left unreferenced (young: the sweep spares them)", f"{summary['orphan_keys_left']:,}")
     if summary.get("indefinite_codes"):
         table.add_row("no-answer kinds", ", ".join(f"{k} {v}" for k, v in summary["indefinite_codes"].items()))
     console.print(table)
@@ -620,7 +799,8 @@ def render(summary: dict[str, Any], results: list[TrialResult]) -> None:
 
 
 def run_crash(trials: int, seed: int, clients: int, out: Path, max_kill_s: float = 1.5, keep: bool = False,
-              progress: bool = True, argv: list[str] | None = None) -> dict[str, Any]:
+              progress: bool = True, argv: list[str] | None = None, store: str | None = None,
+              nodes: int = 1) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -638,21 +818,21 @@ def run_crash(trials: int, seed: int, clients: int, out: Path, max_kill_s: float
         work.mkdir(exist_ok=True)
         task = bar.add_task("trials", total=trials, status="")
         for trial in range(trials):
-            result, _ops, _before = run_trial(trial, seed, clients, keys_dir, work, max_kill_s, keep)
+            result, _ops, _before = run_trial(trial, seed, clients, keys_dir, work, max_kill_s, keep, store, nodes)
             results.append(result)
             summary = totals(results, time.perf_counter() - t0)
             bar.update(task, advance=1, status=f"{summary['survived']} survived, {summary['operations']} ops, "
                        f"{summary['kills_mid_write']} mid-write")
-            write(out, argv, seed, clients, summary, results)
+            write(out, argv, seed, clients, summary, results, "postgresql" if store else "duckdb", nodes)
     if not any(work.iterdir()):
         work.rmdir()
     return {"totals": summary, "results": results}
 
 
 def write(out: Path, argv: list[str] | None, seed: int, clients: int, summary: dict[str, Any],
-          results: list[TrialResult]) -> None:
+          results: list[TrialResult], backend: str = "duckdb", nodes: int = 1) -> None:
     doc = {"command": ["engram-memory", "crash", *(argv or [])], "seed": seed, "clients": clients,
-           "totals": summary, "trials": [r.as_dict() for r in results]}
+           "backend": backend, "nodes": nodes, "totals": summary, "trials": [r.as_dict() for r in results]}
     (out / "crash.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -670,14 +850,23 @@ def crash_cmd(
                                                        "kept).")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print crash.json's totals as JSON on stdout.")] = False,
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bar on stderr.")] = True,
+    store: Annotated[str | None, Opt("--store", help="Run on PostgreSQL: a libpq URL (no password) of a role that "
+                                     "may CREATE DATABASE. Each trial gets a fresh database, initialised with "
+                                     "admin init-store, dropped when the trial passes (kept when it fails).")] = None,
+    nodes: Annotated[int, Opt("--nodes", min=1, max=8, help="Servers on the one PostgreSQL store; clients spread "
+                              "over them, one is killed, the others take the retries (needs --store).")] = 1,
 ) -> None:
     """SIGKILL the real server under concurrent mutations; recover, retry with the same keys, check."""
     try:
         if transport != "http":
             raise UsageError(f"--transport {transport}: only http is supported (several clients on one server)")
+        if nodes > 1 and store is None:
+            raise UsageError(f"--nodes {nodes} needs --store URL (a DuckDB store is served by one process)")
+        if store is not None:
+            check_admin_url(store)
         result = run_crash(trials, seed, clients, out, max_kill_s, keep, progress,
-                           sys.argv[2:] if len(sys.argv) > 2 else [])
-    except UsageError as exc:
+                           sys.argv[2:] if len(sys.argv) > 2 else [], store, nodes)
+    except (UsageError, BenchUsageError) as exc:
         sys.stderr.write(f"engram-memory: error: {exc}\n")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

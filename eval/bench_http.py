@@ -24,6 +24,15 @@ own data dir).
 ``RATE_LIMITED`` answers are counted apart, outside calls/s and the latencies). Results: a
 table on stderr, OUT/bench-http.json and OUT/bench-http.md. The pure parts (client-count
 parsing, percentiles, summaries, ratios) are covered by tests/test_bench_http_units.py.
+
+``--store URL --nodes 1,2`` (issue 22) benches PostgreSQL too: after one node on DuckDB (the
+baseline, as without the option), each node count runs on a fresh database of the server at
+URL (a role that may CREATE DATABASE), initialised by the real ``admin init-store``, every node
+started with the master key it wrote; the same seed records (tenants spread over the nodes) and
+the same client counts, each client on node ``i mod N``. Server CPU is the nodes' together.
+The configurations are printed side by side, per client count, with calls/s and p50/p99 per
+tool and their ratios to one node on DuckDB (``comparison`` in the JSON; ``configs`` holds each
+configuration's rows; ``runs`` stays the baseline's). Each database is dropped afterwards.
 """
 
 from __future__ import annotations
@@ -141,6 +150,65 @@ def compute_ratios(runs: Sequence[Mapping[str, Any]], floor: Mapping[str, Any]) 
     return out
 
 
+def parse_nodes(value: str) -> list[int]:
+    """``"1,2"`` -> ``[1, 2]``: PostgreSQL node counts, de-duplicated, ascending, each within 1..8."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts:
+        raise UsageError("--nodes needs at least one node count, e.g. 1,2")
+    counts = set()
+    for part in parts:
+        try:
+            n = int(part)
+        except ValueError:
+            raise UsageError(f"--nodes takes positive integers separated by commas, not {part!r}") from None
+        if not 1 <= n <= 8:
+            raise UsageError(f"--nodes: {n} is out of range (1..8)")
+        counts.add(n)
+    return sorted(counts)
+
+
+def compare_configs(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every configuration's rows beside the first's (one node on DuckDB) at the same client count:
+    calls/s and per-tool p50/p99, each with its ratio to the baseline (None where either is missing)."""
+    if not configs:
+        return []
+    base = {r["clients"]: r for r in configs[0]["runs"]}
+    rows = []
+    for entry in configs:
+        for run in entry["runs"]:
+            ref = base.get(run["clients"])
+            tools = {}
+            for tool in TOOLS:
+                mine = run["tools"].get(tool) or {}
+                theirs = ((ref or {}).get("tools") or {}).get(tool) or {}
+                tools[tool] = {"count": mine.get("count", 0), "p50": mine.get("p50"), "p99": mine.get("p99"),
+                               "p50_ratio": ratio("", mine.get("p50"), theirs.get("p50"), "ms")["value"],
+                               "p99_ratio": ratio("", mine.get("p99"), theirs.get("p99"), "ms")["value"]}
+            rows.append({"config": entry["label"], "backend": entry["backend"], "nodes": entry["nodes"],
+                         "clients": run["clients"], "calls_per_s": run["calls_per_s"],
+                         "calls_per_s_ratio": ratio("", run["calls_per_s"], (ref or {}).get("calls_per_s"),
+                                                    "calls/s")["value"],
+                         "errors": run["errors"], "server_cpu_ms_per_call": run.get("server_cpu_ms_per_call"),
+                         "store_cpu_ms_per_call": run.get("store_cpu_ms_per_call"),
+                         "tools": tools})
+    return rows
+
+
+def comparison_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The side-by-side table: per configuration and client count, calls/s and p50/p99 per tool,
+    with the ratio to one node on DuckDB at the same client count in parentheses."""
+    lines = ["| config | clients | calls/s (× duckdb-1) | " + " | ".join(f"{t} p50 / p99 ms (× p50)" for t in TOOLS)
+             + " | errors | CPU ms/call: nodes + PostgreSQL |", "|---|---:|---:|" + "---:|" * len(TOOLS) + "---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["clients"], r["nodes"], r["backend"] != "duckdb")):
+        cells = [f"{_fmt(t['p50'])} / {_fmt(t['p99'])} ({_fmt(t['p50_ratio'], 2)}×)" for t in
+                 (r["tools"][tool] for tool in TOOLS)]
+        lines.append(f"| {r['config']} | {r['clients']} | {_fmt(r['calls_per_s'])} ({_fmt(r['calls_per_s_ratio'], 2)}×)"
+                     f" | " + " | ".join(cells) + f" | {r['errors']} | {_fmt(r['server_cpu_ms_per_call'])}"
+                     + (f" + {_fmt(r['store_cpu_ms_per_call'])}" if r.get("store_cpu_ms_per_call") is not None else "")
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class ClientStats:
     """What one client saw: per-tool latencies (s), unexpected outcomes, rate limiting, exceptions."""
@@ -157,7 +225,7 @@ class ClientStats:
 
 
 def run_summary(clients: int, elapsed_s: float, stats: Sequence[ClientStats], *, client_cpu_s: float | None = None,
-                server_cpu_s: float | None = None) -> dict[str, Any]:
+                server_cpu_s: float | None = None, store_cpu_s: float | None = None) -> dict[str, Any]:
     """One client count's row: throughput, per-tool latency and errors, CPU per call."""
     tools: dict[str, Any] = {}
     for tool in TOOLS:
@@ -183,6 +251,8 @@ def run_summary(clients: int, elapsed_s: float, stats: Sequence[ClientStats], *,
         "rate_limited": sum(st.rate_limited for st in stats),
         "client_cpu_ms_per_call": client_cpu_s * 1e3 / calls if client_cpu_s is not None and calls else None,
         "server_cpu_ms_per_call": server_cpu_s * 1e3 / calls if server_cpu_s is not None and calls else None,
+        # PostgreSQL's backends serving the nodes (None on DuckDB, which runs inside the server process)
+        "store_cpu_ms_per_call": store_cpu_s * 1e3 / calls if store_cpu_s is not None and calls else None,
     }
 
 
@@ -233,7 +303,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines.append(f"In-process floor ({floor.get('channels')}, {floor.get('records')} records): search p50 "
                      f"{_fmt((floor.get('search') or {}).get('p50'), 2)} ms, get p50 "
                      f"{_fmt((floor.get('get') or {}).get('p50'), 2)} ms.")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if result.get("comparison"):
+        text += "\nSide by side (same load; ratios against one node on DuckDB):\n\n" + \
+            comparison_markdown(result["comparison"])
+    return text
 
 
 def render(result: Mapping[str, Any]) -> None:
@@ -261,9 +335,22 @@ def render(result: Mapping[str, Any]) -> None:
         ratios.add_row(entry["label"], _fmt(entry["value"], 2),
                        f"{_fmt(entry['numerator'])} / {_fmt(entry['denominator'])} {entry['unit']}")
     console.print(ratios)
-    for r in runs:
-        if r["error_codes"] or r["exceptions"]:
-            console.print(f"{r['clients']} clients: errors {r['error_codes']} exceptions {r['exceptions']}")
+    if result.get("comparison"):
+        side = Table(title="side by side, same load (per tool: p50/p99 ms, × p50 of duckdb-1)")
+        for col in ("config", "clients", "calls/s", "× duckdb-1", *TOOLS, "errors", "CPU ms/call nodes+PG"):
+            side.add_column(col, justify="left" if col == "config" else "right")
+        for c in sorted(result["comparison"], key=lambda r: (r["clients"], r["nodes"], r["backend"] != "duckdb")):
+            side.add_row(c["config"], str(c["clients"]), _fmt(c["calls_per_s"]), f"{_fmt(c['calls_per_s_ratio'], 2)}×",
+                         *(f"{_fmt(t['p50'])}/{_fmt(t['p99'])} ({_fmt(t['p50_ratio'], 2)}×)"
+                           for t in (c["tools"][tool] for tool in TOOLS)), str(c["errors"]),
+                         _fmt(c["server_cpu_ms_per_call"]) + (f"+{_fmt(c['store_cpu_ms_per_call'])}"
+                                                              if c.get("store_cpu_ms_per_call") is not None else ""))
+        console.print(side)
+    for entry in result.get("configs", []):
+        for r in entry["runs"]:
+            if r["error_codes"] or r["exceptions"]:
+                console.print(f"{entry['label']}, {r['clients']} clients: errors {r['error_codes']} "
+                              f"exceptions {r['exceptions']}")
 
 
 # ---- workload -----------------------------------------------------------------------------------
@@ -403,6 +490,7 @@ class Target:
     audience: str
     server_pid: int | None = None  # the server process when the bench started it
     log: Path | None = None
+    store_url: str | None = None  # its PostgreSQL database, when the bench created it
 
 
 def free_port() -> int:
@@ -442,35 +530,37 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float = 120.
 
 
 @contextmanager
-def own_server(workdir: Path, out: Path, semantic: bool) -> Iterator[Target]:
-    """Keys, a data dir and ``serve --http`` with no rate limit; stopped (SIGTERM) on exit."""
+def own_nodes(workdir: Path, out: Path, semantic: bool, store: str | None = None, nodes: int = 1,
+              label: str = "duckdb-1") -> Iterator[list[Target]]:
+    """``nodes`` × ``serve --http`` with no rate limit, stopped (SIGTERM) on exit. ``store`` None: one
+    node on DuckDB in a fresh data dir. ``store`` a PostgreSQL admin URL: a fresh database initialised
+    by the real ``admin init-store``, every node on it with the master key it wrote, dropped on exit."""
     keys_dir = workdir / "keys"
-    make_keys(keys_dir)
-    data_dir = workdir / "data"
-    data_dir.mkdir()
-    log = out / "server.stderr"
-    for _attempt in range(3):  # another process may take the free port between probe and bind
-        port = free_port()
-        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
-                "--data-dir", str(data_dir), "--host-keys", str(keys_dir / "host-keys.toml"), "--rate-limit", "0",
-                "--log-level", "WARNING"]
-        if not semantic:
-            argv.append("--no-semantic")
-        with log.open("w") as err:
-            proc = subprocess.Popen(argv, env=server_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err)
-        base = f"http://127.0.0.1:{port}"
-        if wait_healthy(base, proc):
-            break
-        stop(proc)
-    else:
-        raise RuntimeError(f"the server did not start; see {log}")
+    if not keys_dir.is_dir():
+        make_keys(keys_dir)
+    base = workdir / label
+    base.mkdir()
+    args, db_url = StoreArgs(), None
+    if store is not None:
+        db_url = create_database(store, "engram_bench_http")
+        init_store(db_url, base / "master.key")
+        args = StoreArgs(db_url, base / "master.key")
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        yield Target(base + "/mcp", KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
-                     (keys_dir / f"{KID}.token").read_text().strip(), read_audience(keys_dir / "host-keys.toml"),
-                     proc.pid, log)
+        targets = []
+        for k in range(nodes):
+            log = out / ("server.stderr" if store is None else f"server-{label}-{k}.stderr")
+            proc, url = start_node(base / f"node-{k}", keys_dir, log, args, semantic, log_mode="w")
+            procs.append(proc)
+            targets.append(Target(url + "/mcp", KID, (keys_dir / f"{KID}.private.pem").read_bytes(),
+                                  (keys_dir / f"{KID}.token").read_text().strip(),
+                                  read_audience(keys_dir / "host-keys.toml"), proc.pid, log, db_url))
+        yield targets
     finally:
-        stop(proc)
+        for proc in procs:
+            stop(proc)
+        if db_url is not None and store is not None:
+            drop_database(store, db_url)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -480,6 +570,93 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+# ---- a PostgreSQL store of the bench's own (shared with engram-memory crash) ---------------------
+
+
+def check_admin_url(url: str) -> str:
+    """A password-free libpq URL of a role that may CREATE DATABASE; reachable, else UsageError."""
+    import psycopg
+
+    from engram_memory.store.postgres.url import check_store_url
+
+    try:
+        check_store_url(url)
+    except ValueError as exc:
+        raise UsageError(f"--store: {exc}") from None
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        raise UsageError("--store: cannot connect to that PostgreSQL (the harness needs a role that may "
+                         "CREATE DATABASE)") from None
+    return url
+
+
+def create_database(admin_url: str, prefix: str) -> str:
+    """A fresh, empty database next to ``admin_url``'s (whose role may CREATE DATABASE); its URL."""
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(4)}".lower()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    return urlsplit(admin_url)._replace(path="/" + name).geturl()
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def init_store(url: str, key_out: Path) -> None:
+    """The real ``engram-memory admin init-store`` (schema, store identity, a new master key file)."""
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "admin", "init-store", "--store", url,
+            "--master-key-out", str(key_out)]
+    done = subprocess.run(argv, env=server_env(), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"admin init-store failed: {(done.stderr or done.stdout).strip()[-400:]}")
+
+
+@dataclass(frozen=True)
+class StoreArgs:
+    """How a node reaches its store: DuckDB in its data dir (url None) or a shared PostgreSQL."""
+
+    url: str | None = None
+    master_key_file: Path | None = None
+
+    def argv(self) -> list[str]:
+        if self.url is None:
+            return []
+        return ["--store", self.url, "--master-key-file", str(self.master_key_file)]
+
+
+def start_node(data_dir: Path, keys_dir: Path, log: Path, store: StoreArgs | None = None, semantic: bool = False,
+               env: Mapping[str, str] | None = None, log_mode: str = "a") -> tuple[subprocess.Popen[bytes], str]:
+    """``serve --http`` on a free port with no rate limit; (process, base URL) once healthy."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(3):  # another process may take the free port between probe and bind
+        port = free_port()
+        argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--http", f"127.0.0.1:{port}",
+                "--data-dir", str(data_dir), "--host-keys", str(keys_dir / "host-keys.toml"), "--rate-limit", "0",
+                "--log-level", "WARNING", *(store or StoreArgs()).argv()]
+        if not semantic:
+            argv.append("--no-semantic")
+        with log.open(log_mode) as err:
+            proc = subprocess.Popen(argv, env={**server_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        base = f"http://127.0.0.1:{port}"
+        if wait_healthy(base, proc, timeout=180):
+            return proc, base
+        stop(proc)
+    raise RuntimeError(f"the server did not start; see {log}")
 
 
 def read_audience(host_keys: Path) -> str:
@@ -511,6 +688,29 @@ def external_target(url: str, host_keys: Path, key: Path, token_file: Path) -> T
     if not isinstance(kid, str):
         raise UsageError(f"--key {key} matches no host in {host_keys}")
     return Target(url, kid, key.read_bytes(), token_file.read_text().strip(), read_audience(host_keys))
+
+
+def store_backends_cpu(targets: Sequence[Target]) -> dict[int, float] | None:
+    """CPU seconds so far of each PostgreSQL backend serving the bench's database, by pid (from
+    /proc: only when PostgreSQL runs on this machine; None otherwise, and on DuckDB)."""
+    url = targets[0].store_url if targets else None
+    if url is None:
+        return None
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        pids = [int(p) for (p,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    seconds = {pid: cpu_seconds(pid) for pid in pids}
+    if pids and all(v is None for v in seconds.values()):
+        return None  # a PostgreSQL elsewhere: its CPU is not visible here
+    return {pid: v for pid, v in seconds.items() if v is not None}
+
+
+def servers_cpu(targets: Sequence[Target]) -> float | None:
+    """CPU seconds of every node the bench started, together (None unless it started them all)."""
+    seconds = [cpu_seconds(t.server_pid) for t in targets]
+    return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -599,12 +799,13 @@ async def wait_semantic(target: Target, seed: Seed) -> None:
             await anyio.sleep(0.5)
 
 
-async def seed_http(target: Target, seed: Seed, run_id: str, tick: Callable[[int], None]) -> None:
-    """Capture + admission of every seed text, one seeding client per tenant."""
+async def seed_http(targets: list[Target], seed: Seed, run_id: str, tick: Callable[[int], None]) -> None:
+    """Capture + admission of every seed text, one seeding client per tenant (tenants spread over the nodes)."""
     import anyio
 
     async def one(tenant: str) -> None:
         ids: list[str] = []
+        target = targets[seed.tenants.index(tenant) % len(targets)]
         async with connect(target, tenant, "bench-seed") as h:
             for i, text in enumerate(seed.texts[tenant]):
                 cap = await h.call("capture", capture_arguments(text, f"bh-{run_id}-seed-{tenant}-{i:06d}"))
@@ -682,8 +883,9 @@ async def client_loop(target: Target, seed: Seed, texts: Texts, semantic: bool, 
                     own.append(env["output"]["value"]["outcome"]["record_id"])
 
 
-async def run_clients(target: Target, seed: Seed, texts: Texts, semantic: bool, n: int, seconds: float,
+async def run_clients(targets: list[Target], seed: Seed, texts: Texts, semantic: bool, n: int, seconds: float,
                       run_id: str, progress: Any) -> dict[str, Any]:
+    """``n`` clients for ``seconds``, client i on node i mod the node count."""
     import anyio
 
     stats = [ClientStats() for _ in range(n)]
@@ -703,7 +905,7 @@ async def run_clients(target: Target, seed: Seed, texts: Texts, semantic: bool, 
 
     async def conductor() -> None:
         await all_ready.wait()
-        cpu0, server0 = time.process_time(), cpu_seconds(target.server_pid)
+        cpu0, server0, store0 = time.process_time(), servers_cpu(targets), store_backends_cpu(targets)
         start = time.perf_counter()
         stop_at[0] = start + seconds
         go.set()
@@ -712,19 +914,23 @@ async def run_clients(target: Target, seed: Seed, texts: Texts, semantic: bool, 
             progress.update(task, completed=min(elapsed, seconds),
                             calls=f"{counter[0]:,} calls, {counter[0] / max(elapsed, 1e-9):,.1f}/s")
             await anyio.sleep(0.25)
-        result.update(cpu0=cpu0, server0=server0, start=start)
+        result.update(cpu0=cpu0, server0=server0, store0=store0, start=start)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(conductor)
         for i in range(n):
             tenant = seed.tenants[i % len(seed.tenants)]
-            tg.start_soon(client_loop, target, seed, texts, semantic, tenant, f"bh-{run_id}-n{n}-c{i}", i, ready, go,
-                          stop_at, stats[i], counter)
+            tg.start_soon(client_loop, targets[i % len(targets)], seed, texts, semantic, tenant,
+                          f"bh-{run_id}-n{n}-c{i}", i, ready, go, stop_at, stats[i], counter)
     elapsed = time.perf_counter() - result["start"]  # calls in flight at the deadline finish and count
-    server1 = cpu_seconds(target.server_pid)
+    server1 = servers_cpu(targets)
     server_cpu = server1 - result["server0"] if server1 is not None and result["server0"] is not None else None
+    store1 = store_backends_cpu(targets)
+    store_cpu = None
+    if store1 is not None and result["store0"] is not None:  # a session opened meanwhile counts from its start
+        store_cpu = sum(cpu - result["store0"].get(pid, 0.0) for pid, cpu in store1.items())
     summary = run_summary(n, elapsed, stats, client_cpu_s=time.process_time() - result["cpu0"],
-                          server_cpu_s=server_cpu)
+                          server_cpu_s=server_cpu, store_cpu_s=store_cpu)
     progress.update(task, completed=seconds, calls=f"{summary['calls']:,} calls, {summary['calls_per_s']:,.1f}/s, "
                     f"{summary['errors']} errors")
     return summary
@@ -745,6 +951,8 @@ class BenchConfig:
     key: Path | None = None
     token_file: Path | None = None
     progress: bool = True
+    store: str | None = None  # a PostgreSQL admin URL: also run one and several nodes on a fresh database
+    nodes: list[int] = field(default_factory=lambda: [1, 2])  # PostgreSQL node counts (with store)
 
 
 def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]:
@@ -766,8 +974,10 @@ def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]
         "config": {"clients": cfg.clients, "seconds": cfg.seconds, "records": cfg.records, "tenants": TENANTS,
                    "channels": "hybrid" if cfg.semantic else "lexical", "mix": dict(MIX),
                    "server": cfg.url or "own (serve --http, --rate-limit 0)", "search_limit": SEARCH_LIMIT,
-                   "run_id": run_id},
+                   "run_id": run_id, "configurations": ["duckdb-1", *(f"postgresql-{n}" for n in cfg.nodes)]
+                   if cfg.store else ["duckdb-1" if cfg.url is None else "external-1"]},
         "runs": [],
+        "configs": [],
     }
     with tempfile.TemporaryDirectory(prefix="engram-bench-http-") as tmp, \
             Progress(*columns, console=console, disable=not cfg.progress) as progress:
@@ -777,30 +987,50 @@ def run_bench_http(cfg: BenchConfig, argv: Sequence[str] = ()) -> dict[str, Any]
         progress.update(floor_task, total=1, completed=1,
                         calls=f"search p50 {result['floor']['search']['p50']:.2f} ms")
 
+        # One node on DuckDB first (the baseline), then each PostgreSQL node count, same load each time.
+        setups: list[tuple[str, str | None, int]] = [("duckdb" if cfg.url is None else "external", None, 1)]
+        if cfg.store is not None:
+            setups += [("postgresql", cfg.store, n) for n in cfg.nodes]
+
         @contextmanager
-        def target() -> Iterator[Target]:
+        def targets(store: str | None, nodes: int, label: str) -> Iterator[list[Target]]:
             if cfg.url is None:
-                with own_server(workdir, cfg.out, cfg.semantic) as t:
-                    yield t
+                with own_nodes(workdir, cfg.out, cfg.semantic, store, nodes, label) as ts:
+                    yield ts
             else:
                 assert cfg.host_keys and cfg.key and cfg.token_file
-                yield external_target(cfg.url, cfg.host_keys, cfg.key, cfg.token_file)
+                yield [external_target(cfg.url, cfg.host_keys, cfg.key, cfg.token_file)]
 
-        with target() as tgt:
-            if cfg.semantic:
-                anyio.run(wait_semantic, tgt, seed)
-            seed_task = progress.add_task("seed over HTTP", total=cfg.records, calls="")
-            t0 = time.perf_counter()
-            anyio.run(seed_http, tgt, seed, run_id, lambda k: progress.advance(seed_task, k))
-            result["seed_s"] = time.perf_counter() - t0
-            for n in cfg.clients:
-                row = anyio.run(run_clients, tgt, seed, texts, cfg.semantic, n, cfg.seconds, run_id, progress)
-                result["runs"].append(row)
-                result["ratios"] = compute_ratios(result["runs"], result["floor"])
-                write_results(cfg.out, result)  # what has finished so far survives an interrupt
-    result["ratios"] = compute_ratios(result["runs"], result["floor"])
+        for backend, store, nodes in setups:
+            label = f"{backend}-{nodes}"
+            entry: dict[str, Any] = {"label": label, "backend": backend, "nodes": nodes, "runs": []}
+            result["configs"].append(entry)
+            seed.record_ids.clear()
+            with targets(store, nodes, label) as tgts:
+                if cfg.semantic:
+                    for tgt in tgts:  # every node loads its own model
+                        anyio.run(wait_semantic, tgt, seed)
+                seed_task = progress.add_task(f"{label}: seed over HTTP", total=cfg.records, calls="")
+                t0 = time.perf_counter()
+                anyio.run(seed_http, tgts, seed, run_id, lambda k, task=seed_task: progress.advance(task, k))
+                entry["seed_s"] = time.perf_counter() - t0
+                for n in cfg.clients:
+                    row = anyio.run(run_clients, tgts, seed, texts, cfg.semantic, n, cfg.seconds, run_id, progress)
+                    entry["runs"].append(row)
+                    finish(result)
+                    write_results(cfg.out, result)  # what has finished so far survives an interrupt
+    finish(result)
     write_results(cfg.out, result)
     return result
+
+
+def finish(result: dict[str, Any]) -> None:
+    """The baseline's rows (``runs``, ``seed_s``), its floor ratios and the side-by-side comparison."""
+    base = result["configs"][0]
+    result["runs"], result["seed_s"] = base["runs"], base.get("seed_s")
+    result["ratios"] = compute_ratios(result["runs"], result["floor"])
+    if len(result["configs"]) > 1:
+        result["comparison"] = compare_configs(result["configs"])
 
 
 def write_results(out: Path, result: Mapping[str, Any]) -> None:
@@ -823,17 +1053,31 @@ def bench_http_cmd(
     key: Annotated[Path | None, Opt("--key", help="The host's private key (NAME.private.pem).")] = None,
     token_file: Annotated[Path | None, Opt("--token-file", help="The host's bearer token file (NAME.token).")] = None,
     progress: Annotated[bool, Opt("--progress/--no-progress", help="Progress bars on stderr.")] = True,
+    store: Annotated[str | None, Opt("--store", help="Also bench PostgreSQL: a libpq URL (no password) of a role "
+                                     "that may CREATE DATABASE. After one node on DuckDB, each --nodes count runs "
+                                     "on a fresh database (admin init-store), same load, compared side by side.")
+                     ] = None,
+    nodes: Annotated[str, Opt("--nodes", help="PostgreSQL node counts, comma-separated (with --store); clients "
+                              "spread over the nodes.")] = "1,2",
 ) -> None:
     """Concurrent signing hosts against the real HTTP server: calls/s, p50/p99 per tool, errors."""
     try:
         counts = parse_clients(clients)
+        node_counts = parse_nodes(nodes)
+        if store is not None and url is not None:
+            raise UsageError("--store and --url exclude each other (--store: the bench starts its nodes itself)")
+        if store is None and nodes != "1,2":
+            raise UsageError("--nodes needs --store URL (a DuckDB store is served by one process)")
+        if store is not None:
+            check_admin_url(store)
         external = (url, host_keys, key, token_file)
         if any(v is not None for v in external) and not all(v is not None for v in external):
             raise UsageError("--url, --host-keys, --key and --token-file go together (or none: the bench starts "
                              "its own server)")
         if url is not None and not url.startswith(("http://", "https://")):
             raise UsageError(f"--url must be an http(s) URL ending in /mcp, not {url!r}")
-        cfg = BenchConfig(counts, seconds, out, records, semantic, url, host_keys, key, token_file, progress)
+        cfg = BenchConfig(counts, seconds, out, records, semantic, url, host_keys, key, token_file, progress,
+                          store, node_counts)
         if url is not None:
             assert host_keys and key and token_file
             external_target(url, host_keys, key, token_file)  # a bad key file is a usage error, before any work

@@ -19,9 +19,12 @@ from engram_memory.eval.bench_http import (
     UsageError,
     capture_arguments,
     classify,
+    compare_configs,
     compute_ratios,
+    finish,
     markdown,
     parse_clients,
+    parse_nodes,
     percentile,
     run_summary,
     summarize,
@@ -87,6 +90,8 @@ def test_run_summary_totals() -> None:
     assert row["error_codes"] == {"get:INTERNAL": 1} and row["exceptions"] == {"search:ReadTimeout": 1}
     assert row["client_cpu_ms_per_call"] == pytest.approx(100.0)
     assert row["server_cpu_ms_per_call"] == pytest.approx(200.0)
+    assert row["store_cpu_ms_per_call"] is None  # DuckDB: inside the server process
+    assert run_summary(2, 2.0, [a, b], store_cpu_s=0.25)["store_cpu_ms_per_call"] == pytest.approx(50.0)
     empty = run_summary(1, 0.0, [ClientStats()])
     assert empty["calls_per_s"] == 0.0 and empty["client_cpu_ms_per_call"] is None
 
@@ -136,10 +141,65 @@ def test_workload_arguments_are_valid_tool_inputs() -> None:
     assert 1 <= len(query.split()) <= 3 and all(w in text for w in query.split())
 
 
+def test_parse_nodes() -> None:
+    assert parse_nodes("1,2") == [1, 2]
+    assert parse_nodes(" 2,1,2 ") == [1, 2]
+    assert parse_nodes("3") == [3]
+    for bad in ("", ",", "0", "9", "x", "1,two"):
+        with pytest.raises(UsageError):
+            parse_nodes(bad)
+
+
+def _config(label: str, nodes: int, rows: list[tuple[int, float, float, float]]) -> dict:
+    """A configuration's runs: per client count, calls in 1 s and search / get latencies (s)."""
+    runs = [run_summary(n, 1.0, [_stats({"search": [search] * calls, "get": [get] * calls})])
+            for n, calls, search, get in rows]
+    return {"label": label, "backend": label.split("-")[0], "nodes": nodes, "runs": runs}
+
+
+def test_configurations_compare_with_one_node_on_duckdb() -> None:
+    duck = _config("duckdb-1", 1, [(1, 10, 0.010, 0.002), (4, 20, 0.040, 0.004)])
+    pg1 = _config("postgresql-1", 1, [(1, 5, 0.020, 0.002), (4, 10, 0.080, 0.002)])
+    pg2 = _config("postgresql-2", 2, [(1, 5, 0.015, 0.001), (4, 30, 0.020, 0.008)])
+    rows = {(r["config"], r["clients"]): r for r in compare_configs([duck, pg1, pg2])}
+    assert len(rows) == 6
+    base = rows[("duckdb-1", 4)]
+    assert base["calls_per_s_ratio"] == pytest.approx(1.0) and base["tools"]["search"]["p50_ratio"] == 1.0
+    assert rows[("postgresql-1", 1)]["calls_per_s"] == 10 and rows[("postgresql-1", 1)]["calls_per_s_ratio"] == 0.5
+    assert rows[("postgresql-1", 4)]["tools"]["search"]["p50"] == pytest.approx(80.0)
+    assert rows[("postgresql-1", 4)]["tools"]["search"]["p50_ratio"] == pytest.approx(2.0)
+    assert rows[("postgresql-2", 4)]["calls_per_s_ratio"] == pytest.approx(1.5)
+    assert rows[("postgresql-2", 4)]["tools"]["get"]["p99_ratio"] == pytest.approx(2.0)
+    assert rows[("postgresql-2", 1)]["nodes"] == 2 and rows[("postgresql-2", 1)]["backend"] == "postgresql"
+    # A tool no configuration called, and a client count the baseline lacks: None, never a raise.
+    assert rows[("postgresql-2", 1)]["tools"]["forget"]["p50_ratio"] is None
+    odd = compare_configs([duck, _config("postgresql-2", 2, [(16, 5, 0.1, 0.1)])])
+    assert odd[-1]["clients"] == 16 and odd[-1]["calls_per_s_ratio"] is None
+    assert compare_configs([]) == []
+
+    result = {"configs": [duck, pg1, pg2], "floor": {"search": {"p50": 5.0}, "get": {"p50": 1.0}}}
+    finish(result)
+    assert result["runs"] is duck["runs"]  # the baseline's rows stay where they always were
+    assert result["ratios"][0]["label"] == "calls/s at 4 clients / at 1"
+    text = markdown(result)
+    assert "Side by side" in text and "| postgresql-2 | 4 | 60.0 (1.50×) |" in text
+    pg2["runs"][0].update(server_cpu_ms_per_call=7.0, store_cpu_ms_per_call=2.5)
+    assert "| 7.0 + 2.5 |" in markdown({**result, "comparison": compare_configs([duck, pg1, pg2])})
+    assert text.index("| duckdb-1 | 1 |") < text.index("| postgresql-1 | 1 |") < text.index("| duckdb-1 | 4 |")
+    alone = {"configs": [duck], "floor": {}}
+    finish(alone)
+    assert "comparison" not in alone and "Side by side" not in markdown(alone)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--clients", "0"], "--clients: 0 is out of range"),
     (["--clients", "a,b"], "--clients takes positive integers"),
     (["--url", "http://127.0.0.1:1/mcp"], "go together"),
+    (["--nodes", "2"], "--nodes needs --store"),
+    (["--nodes", "0", "--store", "postgresql://u@127.0.0.1:1/db"], "--nodes: 0 is out of range"),
+    (["--store", "postgresql://u:secret@127.0.0.1:1/db"], "password"),
+    (["--store", "postgresql://u@127.0.0.1:1/db", "--url", "http://127.0.0.1:1/mcp", "--host-keys", "h",
+      "--key", "k", "--token-file", "t"], "exclude each other"),
 ])
 def test_usage_errors_are_one_line_exit_2(argv: list[str], message: str, tmp_path: Path) -> None:
     from engram_memory.server.cli import app
@@ -148,4 +208,5 @@ def test_usage_errors_are_one_line_exit_2(argv: list[str], message: str, tmp_pat
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("engram-memory: error: ") and message in lines[0]
+    assert "secret" not in result.output
     assert not (tmp_path / "out").exists()  # nothing started, nothing written

@@ -122,3 +122,107 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "crash", "--out", str(tmp_path / "o"),
                            "--transport", "carrier-pigeon"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "only http" in done.stderr
+
+
+# ---- on PostgreSQL, with the operations spread over two nodes ---------------------------------
+
+
+def test_two_nodes_on_postgres_survive_and_clean_up(pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    result = run_crash(2, seed=11, clients=4, out=tmp_path / "out", max_kill_s=1.0, progress=False, store=pg_url,
+                       nodes=2)
+    totals = result["totals"]
+    assert totals["trials"] == 2 and totals["survived"] == 2, [r.failures for r in result["results"]]
+    assert totals["operations"] > 0 and totals["calls"] >= totals["operations"]
+    doc = json.loads((tmp_path / "out" / "crash.json").read_text())
+    assert doc["backend"] == "postgresql" and doc["nodes"] == 2
+    for trial in doc["trials"]:
+        assert trial["nodes"] == 2 and trial["killed_node"] in (0, 1)
+        # Two scopes, each checked on both nodes against a fresh rebuild.
+        assert trial["verify"]["ok"] and trial["verify"]["projections"] == ["equal"] * 4
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # passing trials drop their databases
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'engram_crash_s11_%'").fetchall()
+    assert left == []
+    assert not (tmp_path / "out" / "trials").exists()
+
+
+@pytest.fixture(scope="module")
+def kept_pg_trial(pg_url: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("crash-pg")
+    make_keys(root / "keys")
+    # Seed 7 kills at 2.7 s: time enough to admit records (the projection fault needs one).
+    from engram_memory.eval.bench_http import drop_database
+
+    result, ops, before = run_trial(0, 7, 3, root / "keys", root, max_kill_s=3.0, keep=True, store=pg_url, nodes=2)
+    trial = root / "trial-0000"
+    url = (trial / "store.url").read_text().strip()
+    try:
+        assert result.ok, result.failures
+        assert result.by_tool.get("request_admission"), "the planted projection fault needs an admitted record"
+        yield trial, url, ops, before
+    finally:
+        drop_database(pg_url, url)
+
+
+def _pg_copy(pg_url: str, url: str) -> str:
+    """A copy of the kept trial's database (CREATE DATABASE ... TEMPLATE), to plant a fault in."""
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = urlsplit(url).path.lstrip("/")
+    copy = f"{name}_planted"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{copy}"'.encode())
+        conn.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}"'.encode())
+    return urlsplit(url)._replace(path="/" + copy).geturl()
+
+
+def test_postgres_checks_fail_on_planted_faults(kept_pg_trial, pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    from engram_memory.checks.pg_verify import verify_pg_store
+    from engram_memory.eval.bench_http import drop_database
+
+    trial, url, ops, before = kept_pg_trial
+    nodes = [trial / "node-0", trial / "node-1"]
+    assert check_answers(ops, before) == [] and check_store(url, ops) == []
+    clean = verify_pg_store(url, trial / "master.key", nodes, tmp_path / "v0")
+    assert clean.ok and clean.projections == ["equal"] * 4, clean.problems
+
+    copy = _pg_copy(pg_url, url)
+    try:
+        with psycopg.connect(copy, autocommit=True) as conn:
+            # A second candidate for one capture (applied twice), a lost ledger row, a tampered event.
+            conn.execute("INSERT INTO candidates SELECT 'candidate_dup' || candidate_id, scope_ref, principal, state,"
+                         " created_cursor, recorded_at, payload_digest, record_digest, NULL, NULL, outcome"
+                         " FROM candidates LIMIT 1")
+            conn.execute("DELETE FROM idempotency WHERE ctid = (SELECT min(ctid) FROM idempotency)")
+            conn.execute("UPDATE journal SET body = replace(body, '\"recorded_at\":\"', '\"recorded_at\":\"1')"
+                         " WHERE cursor = 1")
+        failures = check_store(copy, ops)
+        assert any("1 extra" in f for f in failures) and any("ledger rows" in f for f in failures)
+        # Node 1's projections lost: not caught up where a record was admitted; node 0's still compare equal.
+        shutil.rmtree(nodes[1] / "projections")
+        planted = verify_pg_store(copy, trial / "master.key", nodes, tmp_path / "v1")
+        problems = " | ".join(planted.problems)
+        assert "does not hash to its event_hash" in problems, problems
+        assert "capture events" in problems  # the duplicated candidate has none of its own
+        assert "node 1:" in problems and "not caught up" in problems
+        assert planted.projections[::2] == ["equal", "equal"]  # (scope by scope: node 0, node 1)
+        assert "stale" in planted.projections
+    finally:
+        drop_database(pg_url, copy)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "2"], "needs --store"),
+    (["--store", "postgresql://u:secret@127.0.0.1:1/db"], "password"),
+    (["--store", "mysql://u@h/db"], "not a PostgreSQL URL"),
+])
+def test_store_usage_errors_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "crash", "--out", str(tmp_path / "o"),
+                           *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert "secret" not in done.stderr

@@ -22,11 +22,22 @@ CI runs a few examples. The long run (300 sequences of up to 30 steps, about 3 m
     ENGRAM_STATE_MACHINE_EXAMPLES=300 python -m pytest -q -s -p no:cacheprovider tests/test_state_machine.py
 
 (``ENGRAM_STATE_MACHINE_STEPS`` sets the steps per sequence; ``-s`` shows the step count.)
+
+The same machine runs on PostgreSQL (parametrised, issue 22): each example gets a fresh
+database initialised as ``admin init-store`` does, and two engines (two nodes, each with its
+own data dir and projections) on it take the calls in turn, so a capture and its admission,
+a forget and the search after it, and the pages of one search reach different nodes; the
+model is the same. CI runs a few examples (ENGRAM_TEST_PG_URL, or a throwaway cluster); the
+long run::
+
+    ENGRAM_STATE_MACHINE_PG_EXAMPLES=300 \
+        python -m pytest -q -s -p no:cacheprovider tests/test_state_machine.py -k postgres
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -44,6 +55,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from engram_memory.eval.bench_http import create_database, drop_database
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import candidate_id as derive_candidate_id
 from engram_memory.models.digests import record_id_from_digest
@@ -54,6 +66,7 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.store.engine import Engine
 from engram_memory.store.policy import _texts, contains_secret
+from engram_memory.store.postgres.backend import init_store
 from tests.contract_model import (
     Candidate,
     ContractModel,
@@ -68,6 +81,8 @@ from tests.contract_model import (
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, forget_args, withdraw_args
 
 EXAMPLES = int(os.environ.get("ENGRAM_STATE_MACHINE_EXAMPLES", "15"))
+# On PostgreSQL each example creates a database and opens two engines: fewer in CI.
+PG_EXAMPLES = int(os.environ.get("ENGRAM_STATE_MACHINE_PG_EXAMPLES", "10"))
 STEPS = int(os.environ.get("ENGRAM_STATE_MACHINE_STEPS", "30"))
 
 TENANTS = ("t1", "t2")
@@ -142,25 +157,53 @@ class Fresh(NamedTuple):
 
 class ContractMachine(RuleBasedStateMachine):
     model_class = ContractModel
-
+    # None: one engine on DuckDB. A PostgreSQL admin URL: every example gets a fresh database
+    # (admin init-store's init_store) and ``nodes`` engines on it, each with its own data dir.
+    store_url: str | None = None
+    nodes = 1
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory(prefix="engram-sm-")
         self.now = T0
-        self.engine = Engine.open(EngineSettings(data_dir=Path(self.tmp.name) / "data", semantic=False),
-                                  clock=lambda: self.now)
+        self.database: str | None = None
+        root = Path(self.tmp.name)
+        if self.store_url is None:
+            configs = [EngineSettings(data_dir=root / "data", semantic=False)]
+        else:
+            self.database = create_database(self.store_url, "engram_sm")
+            key = root / "master.key"
+            key.write_bytes(secrets.token_bytes(32))
+            init_store(self.database, key.read_bytes())
+            configs = [EngineSettings(data_dir=root / f"node-{k}", semantic=False, store=self.database,
+                                      master_key_file=key) for k in range(self.nodes)]
+        self.engines: list[Engine] = []
+        for config in configs:
+            self.engines.append(Engine.open(config, clock=lambda: self.now))
+        self.turn = 0
         self.model = self.model_class()
         self.serial = 0
         self.dirty: set[Scope] = set()  # scopes mutated since the last store check
         self.calls: list[tuple[str, Scope, str, dict[str, Any]]] = []  # every mutation call made
 
+    @property
+    def engine(self) -> Engine:
+        """The engine that takes the next call: the nodes in turn, so a capture and its admission,
+        a mutation and the read after it, and the pages of one search reach different nodes."""
+        engine = self.engines[self.turn % len(self.engines)]
+        self.turn += 1
+        return engine
+
     def teardown(self) -> None:
         try:
             self.store_matches_model()
         finally:
-            self.engine.close()
+            for engine in self.engines:
+                engine.close()
             self.tmp.cleanup()
+            if self.database is not None:
+                assert self.store_url is not None
+                drop_database(self.store_url, self.database)
 
     def key(self, label: str) -> str:
         self.serial += 1
@@ -523,10 +566,24 @@ def test_vocabulary_is_what_the_model_assumes() -> None:
     assert secret_kind(args["payload"], args["evidence"]) is None
 
 
-def test_contract_state_machine() -> None:
+BACKENDS = ("duckdb", "postgres-2-nodes")
+
+
+def on_backend(machine: type[ContractMachine], backend: str, request: pytest.FixtureRequest
+               ) -> type[ContractMachine]:
+    """The machine on DuckDB as it is, or on PostgreSQL with two engines (nodes) on one store."""
+    if backend == "duckdb":
+        return machine
+    return type(f"{machine.__name__}OnPostgres", (machine,), {"store_url": request.getfixturevalue("pg_url"),
+                                                                "nodes": 2})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contract_state_machine(backend: str, request: pytest.FixtureRequest) -> None:
     STATS.clear()
-    run_state_machine_as_test(ContractMachine, settings=machine_settings(EXAMPLES))
-    print(f"\nstate machine: {EXAMPLES} examples x up to {STEPS} steps;"
+    examples = EXAMPLES if backend == "duckdb" else PG_EXAMPLES
+    run_state_machine_as_test(on_backend(ContractMachine, backend, request), settings=machine_settings(examples))
+    print(f"\nstate machine on {backend}: {examples} examples x up to {STEPS} steps;"
           f" {STATS['steps']} rules run: {dict(sorted(STATS.items()))}")
     assert STATS["steps"] > 0
 
@@ -548,12 +605,13 @@ class WrongMachine(ContractMachine):
     model_class = WrongModel
 
 
-def test_the_machine_catches_a_divergence() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_machine_catches_a_divergence(backend: str, request: pytest.FixtureRequest) -> None:
     """The machine's checks fire on the real engine: against a model wrong about one refusal code,
     and against a model that lost track of a record (fixed steps: a Hypothesis search for them
     would cost minutes)."""
     scope = SCOPES[0]
-    machine = WrongMachine()
+    machine = on_backend(WrongMachine, backend, request)()
     try:
         machine.start()
         machine.capture_and_admit(scope=scope, principal="p1", text="amber basalt")
