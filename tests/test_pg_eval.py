@@ -1,6 +1,8 @@
 """`engram-memory eval` on a PostgreSQL store scores exactly as on DuckDB (issue 22 §2: every mode
 runs on either backend). The lexical channel of the sample collection, through the real engine on
-both backends: the same metrics to the last digit."""
+both backends: the same metrics. (To 1e-3, not the last digit: documents with equal scores are
+ordered by record id, and a record id carries its ingest instant, so two ingests -- on one
+backend too -- may order a tie apart.)"""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def test_eval_on_postgres_scores_as_on_duckdb(pg_database: str, tmp_path: Path) 
     assert init.returncode == 0, init.stderr
     on_pg = _eval(tmp_path / "pg", "--store", pg_database, "--master-key-file", key)
     on_duckdb = _eval(tmp_path / "duckdb")
-    assert on_pg == on_duckdb
+    assert on_pg.keys() == on_duckdb.keys()
+    assert all(abs(on_pg[m] - on_duckdb[m]) < 1e-3 for m in on_pg), (on_pg, on_duckdb)
     assert on_pg["ndcg@10"] > 0.5  # a real ranking, not two empty ones
     # The store dir of a PostgreSQL run holds the node's projections, not a DuckDB file.
     assert not list((tmp_path / "pg" / "store").rglob("engram.duckdb"))
