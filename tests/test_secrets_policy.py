@@ -266,6 +266,7 @@ ISSUE_BENIGN = ["Login flow: user/pass then TOTP.", "Set the session cookie to S
 
 HELDOUT_SHA256 = "e9650b291cafeffbcd29f699aef8598e16d7a84a3e78dc7d95c633c77d42376a"
 HELDOUT2_SHA256 = "ae2add287bc46ebc22aa671015347da6b1f1e0c27183c7b3be7a834e9283b9bd"
+HELDOUT3_SHA256 = "5cbc2010bb41a9f39525811bdcb8bcd5425dff7d902879401945564877fa08ec"
 
 
 def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
@@ -274,6 +275,7 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     assert hashlib.sha256(secrets_eval.FROZEN.read_bytes()).hexdigest() == FROZEN_SHA256  # never edited to fit
     assert hashlib.sha256(secrets_eval.HELDOUT.read_bytes()).hexdigest() == HELDOUT_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT2.read_bytes()).hexdigest() == HELDOUT2_SHA256
+    assert hashlib.sha256(secrets_eval.HELDOUT3.read_bytes()).hexdigest() == HELDOUT3_SHA256
 
 
 @pytest.mark.parametrize(("path", "size", "recall", "fpr"), [
@@ -282,6 +284,9 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     # Round 2: 523 sentences written blind to the code and the other corpora; first run 0.704 / 0.019 (the
     # unseen measurement of round 1's rules), then developed on: 0.927 / 0.004.
     (secrets_eval.HELDOUT2, 523, 0.92, 0.01),
+    # Round 3: 521 sentences written blind, run once against this session's final rules: 0.776 / 0.027 -- the
+    # unseen figure (issue 24's 0.98 / 0.02 is not met on it). Not developed on.
+    (secrets_eval.HELDOUT3, 521, 0.77, 0.03),
 ])
 def test_the_held_out_rounds_keep_their_floors(path: Path, size: int, recall: float, fpr: float) -> None:
     """Floors, so a change that loses ground on either round fails here. Neither is unseen any more:
