@@ -18,6 +18,7 @@ def new_key_file(path: Path) -> Iterator[bytes]:
     path = Path(path)
     if path.exists():
         raise FileExistsError(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # e.g. ~/.config/engram-memory on a new machine
     key = secrets.token_bytes(MASTER_KEY_BYTES)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
