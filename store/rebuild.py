@@ -191,11 +191,19 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
             return RebuildReport([])  # nothing to rebuild: not even the model is loaded
         engine = Engine.open(settings)
     else:
-        engine = Engine.open(settings)
-        known = engine.scopes()
+        # The scopes first, without the model: a refusal must not leave a model loading at exit.
+        from engram_memory.store.opening import open_store
+
+        db = open_store(settings)
+        try:
+            known = db.scopes()
+        finally:
+            db.close()
         if scope_ref is not None and scope_ref not in known:
-            engine.close()
             raise UnknownScopeError(scope_ref, known)
+        if not known:
+            return RebuildReport([])
+        engine = Engine.open(settings)
     try:
         if engine.embedder is not None:
             engine.wait_semantic(600)  # records admitted before the model was ready get embedded now

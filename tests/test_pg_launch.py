@@ -30,17 +30,18 @@ def one_line(done: subprocess.CompletedProcess[str], code: int, text: str) -> No
 
 
 def test_init_store_once_then_refuses_without_writing_a_file(pg_database: str, tmp_path: Path) -> None:
-    key = tmp_path / "master.key"
+    key = tmp_path / "config" / "engram-memory" / "master.key"  # a folder a new machine does not have yet
     done = run("admin", "init-store", "--store", pg_database, "--master-key-out", key)
     assert done.returncode == 0, done.stderr
     assert key.stat().st_size == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     with psycopg.connect(pg_database) as conn:
         assert conn.execute("SELECT count(*) FROM store_identity").fetchone() == (1,)
 
     again = run("admin", "init-store", "--store", pg_database, "--master-key-out", tmp_path / "second.key")
     one_line(again, 1, "already initialised")
     assert not (tmp_path / "second.key").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["master.key"]  # no temp file left either
+    assert sorted(p.name for p in key.parent.iterdir()) == ["master.key"]  # no temp file left either
     # An existing key file is never overwritten (and the store is not touched).
     before = key.read_bytes()
     one_line(run("admin", "init-store", "--store", pg_database, "--master-key-out", key), 2, "already exists")
