@@ -69,34 +69,40 @@ def open_engine(data_dir: Path) -> Engine:
 
 
 def fill(data_dir: Path, *, held: int = 1, expiring: bool = False) -> dict[str, Any]:
-    """Admitted records, ``held`` candidates waiting for adjudication (their content was forgotten,
-    then captured again), one plain pending candidate, optionally a record that expires an hour on."""
+    """``fill_engine`` on a DuckDB store of its own."""
     engine = open_engine(data_dir)
-    c, out = ctx(), {"records": [], "held": [], "pending": None, "expiring": None}
     try:
-        for i, text in enumerate(TEXTS):
-            cap = call(engine, "capture", c, capture_args(text, key=f"capture-key-{i:06d}"))
-            adm = call(engine, "request_admission", c,
-                       {"candidate_id": cap["candidate_id"], "idempotency_key": f"admit-key-{i:07d}"})
-            out["records"].append(adm["outcome"]["record_id"])
-        for i in range(held):
-            call(engine, "forget", c, forget_args(out["records"][-1 - i], key=f"forget-key-{i:07d}"))
-            cap = call(engine, "capture", c, capture_args(TEXTS[-1 - i], key=f"again-key-{i:07d}"))
-            answer = call(engine, "request_admission", c,
-                          {"candidate_id": cap["candidate_id"], "idempotency_key": f"again-adm-{i:07d}"})
-            assert answer["outcome"]["status"] == "pending_adjudication"
-            out["held"].append(cap["candidate_id"])
-        out["pending"] = call(engine, "capture", c, capture_args(f"Still undecided {MARKER}",
-                                                                 key="pending-key-000001"))["candidate_id"]
-        if expiring:
-            retention = {"derivative_rule": "make-ineligible", "expires_at": to_instant(T0 + 3_600_000)}
-            cap = call(engine, "capture", c, capture_args(f"Short-lived note {MARKER}", key="expiring-key-0001",
-                                                          retention=retention))
-            adm = call(engine, "request_admission", c,
-                       {"candidate_id": cap["candidate_id"], "idempotency_key": "expiring-adm-0001"})
-            out["expiring"] = adm["outcome"]["record_id"]
+        return fill_engine(engine, held=held, expiring=expiring)
     finally:
         engine.close()
+
+
+def fill_engine(engine: Engine, *, held: int = 1, expiring: bool = False) -> dict[str, Any]:
+    """Admitted records, ``held`` candidates waiting for adjudication (their content was forgotten,
+    then captured again), one plain pending candidate, optionally a record that expires an hour on.
+    Shared by the PostgreSQL admin tests (tests/test_pg_admin.py): the same store on either backend."""
+    c, out = ctx(), {"records": [], "held": [], "pending": None, "expiring": None}
+    for i, text in enumerate(TEXTS):
+        cap = call(engine, "capture", c, capture_args(text, key=f"capture-key-{i:06d}"))
+        adm = call(engine, "request_admission", c,
+                   {"candidate_id": cap["candidate_id"], "idempotency_key": f"admit-key-{i:07d}"})
+        out["records"].append(adm["outcome"]["record_id"])
+    for i in range(held):
+        call(engine, "forget", c, forget_args(out["records"][-1 - i], key=f"forget-key-{i:07d}"))
+        cap = call(engine, "capture", c, capture_args(TEXTS[-1 - i], key=f"again-key-{i:07d}"))
+        answer = call(engine, "request_admission", c,
+                      {"candidate_id": cap["candidate_id"], "idempotency_key": f"again-adm-{i:07d}"})
+        assert answer["outcome"]["status"] == "pending_adjudication"
+        out["held"].append(cap["candidate_id"])
+    out["pending"] = call(engine, "capture", c, capture_args(f"Still undecided {MARKER}",
+                                                             key="pending-key-000001"))["candidate_id"]
+    if expiring:
+        retention = {"derivative_rule": "make-ineligible", "expires_at": to_instant(T0 + 3_600_000)}
+        cap = call(engine, "capture", c, capture_args(f"Short-lived note {MARKER}", key="expiring-key-0001",
+                                                      retention=retention))
+        adm = call(engine, "request_admission", c,
+                   {"candidate_id": cap["candidate_id"], "idempotency_key": "expiring-adm-0001"})
+        out["expiring"] = adm["outcome"]["record_id"]
     return out
 
 

@@ -24,10 +24,9 @@ from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
-from engram_memory.store.timeutil import to_instant
 from tests.conftest import ALL, CONTEXT, REPO
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
-from tests.test_admin_cli import MARKER, QUERIES, SCOPE, TEXTS, admin, ok_json, refused
+from tests.test_admin_cli import MARKER, QUERIES, SCOPE, TEXTS, admin, fill_engine, ok_json, refused
 
 SCOPE_REF = "tenant:acme/workspace:main"
 PURPOSE = {"purpose_ref": "purpose:test"}
@@ -50,30 +49,8 @@ def pg_engine(node_dir: Path, url: str, key_file: Path, *, semantic: bool = Fals
 
 
 def fill(engine: Engine, *, held: int = 1, expiring: bool = False) -> dict[str, Any]:
-    """Admitted records, one of them forgotten; ``held`` candidates awaiting adjudication (content
-    forgotten, then captured again); one plain pending candidate; optionally a record expiring at T0+1h."""
-    c, out = ctx(), {"records": [], "held": [], "pending": None, "expiring": None}
-    for i, text in enumerate(TEXTS):
-        cap = call(engine, "capture", c, capture_args(text, key=f"capture-key-{i:06d}"))
-        adm = call(engine, "request_admission", c,
-                   {"candidate_id": cap["candidate_id"], "idempotency_key": f"admit-key-{i:07d}"})
-        out["records"].append(adm["outcome"]["record_id"])
-    for i in range(held):
-        call(engine, "forget", c, forget_args(out["records"][-1 - i], key=f"forget-key-{i:07d}"))
-        cap = call(engine, "capture", c, capture_args(TEXTS[-1 - i], key=f"again-key-{i:07d}"))
-        answer = call(engine, "request_admission", c,
-                      {"candidate_id": cap["candidate_id"], "idempotency_key": f"again-adm-{i:07d}"})
-        assert answer["outcome"]["status"] == "pending_adjudication"
-        out["held"].append(cap["candidate_id"])
-    out["pending"] = call(engine, "capture", c, capture_args(f"Still undecided {MARKER}",
-                                                             key="pending-key-000001"))["candidate_id"]
-    if expiring:
-        retention = {"derivative_rule": "make-ineligible", "expires_at": to_instant(T0 + 3_600_000)}
-        cap = call(engine, "capture", c, capture_args(f"Short-lived note {MARKER}", key="expiring-key-0001",
-                                                      retention=retention))
-        adm = call(engine, "request_admission", c,
-                   {"candidate_id": cap["candidate_id"], "idempotency_key": "expiring-adm-0001"})
-        out["expiring"] = adm["outcome"]["record_id"]
+    """tests/test_admin_cli.py's store on any engine, plus which records are live and forgotten."""
+    out = fill_engine(engine, held=held, expiring=expiring)
     out["live"] = out["records"][: len(out["records"]) - held]
     out["forgotten"] = out["records"][len(out["records"]) - held:]
     return out
