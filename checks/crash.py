@@ -77,14 +77,13 @@ from engram_memory.eval.bench_http import (  # noqa: E402
     capture_arguments,
     check_admin_url,
     connect,
-    create_database,
-    drop_database,
     init_store,
     make_keys,
     read_audience,
     start_node,
 )
 from engram_memory.eval.bench_http import UsageError as BenchUsageError  # noqa: E402
+from engram_memory.store.postgres.databases import create_database, drop_database  # noqa: E402
 
 Opt = typer.Option
 
@@ -344,12 +343,12 @@ def wait_disconnected(url: str, application_name: str, timeout: float = 60.0) ->
     truth about what the killed node committed."""
     import psycopg
 
+    from engram_memory.store.postgres.databases import sessions_of
+
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                               " AND application_name = %s", [application_name]).fetchone()
-            if row is not None and int(row[0]) == 0:
+            if sessions_of(conn, application_name) == 0:
                 return True
             time.sleep(0.05)
     return False

@@ -540,6 +540,8 @@ def own_nodes(workdir: Path, out: Path, semantic: bool, store: str | None = None
         make_keys(keys_dir)
     base = workdir / label
     base.mkdir()
+    from engram_memory.store.postgres.databases import create_database, drop_database
+
     args, db_url = StoreArgs(), None
     if store is not None:
         db_url = create_database(store, "engram_bench_http")
@@ -592,28 +594,6 @@ def check_admin_url(url: str) -> str:
         raise UsageError("--store: cannot connect to that PostgreSQL (the harness needs a role that may "
                          "CREATE DATABASE)") from None
     return url
-
-
-def create_database(admin_url: str, prefix: str) -> str:
-    """A fresh, empty database next to ``admin_url``'s (whose role may CREATE DATABASE); its URL."""
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    name = f"{prefix}_{secrets.token_hex(4)}".lower()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"'.encode())
-    return urlsplit(admin_url)._replace(path="/" + name).geturl()
-
-
-def drop_database(admin_url: str, url: str) -> None:
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    name = urlsplit(url).path.lstrip("/")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 def init_store(url: str, key_out: Path) -> None:
@@ -696,11 +676,9 @@ def store_backends_cpu(targets: Sequence[Target]) -> dict[int, float] | None:
     url = targets[0].store_url if targets else None
     if url is None:
         return None
-    import psycopg
+    from engram_memory.store.postgres.databases import backend_pids
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        pids = [int(p) for (p,) in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    pids = backend_pids(url)
     seconds = {pid: cpu_seconds(pid) for pid in pids}
     if pids and all(v is None for v in seconds.values()):
         return None  # a PostgreSQL elsewhere: its CPU is not visible here

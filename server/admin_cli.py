@@ -335,11 +335,16 @@ def backup_cmd(
             tmp.rename(out)
         finally:
             tmp.unlink(missing_ok=True)
-    report = bk.BackupReport(out, key_path, manifest, out.stat().st_size)
-    data = {**report.as_dict(), "online": online}
-    _emit(json_out, data, lambda: _table(
-        f"backup of {target}" + (" (online)" if online else ""), ["field", "value"],
-        [["backup", out], ["key", key_path], ["store_id", manifest["store_id"]],
+    _emit_backup(json_out, bk.BackupReport(out, key_path, manifest, out.stat().st_size), online,
+                 f"backup of {target}" + (" (online)" if online else ""))
+
+
+def _emit_backup(json_out: bool, report: Any, online: bool, title: str) -> None:
+    """A backup's report, from either backend: the archive, its key file, identity and journal heads."""
+    manifest = report.manifest
+    _emit(json_out, {**report.as_dict(), "online": online}, lambda: _table(
+        title, ["field", "value"],
+        [["backup", report.path], ["key", report.key_path], ["store_id", manifest["store_id"]],
          ["created_at", manifest["created_at"]], ["files", len(manifest["files"])], ["bytes", report.size],
          *[[f"head {_pair(s)}", f"cursor {h['cursor']} {h['event_hash']}"] for s, h in manifest["heads"].items()]]))
 
@@ -359,12 +364,8 @@ def _backup_postgres(pg: _Pg, out: Path, key_path: Path, json_out: bool) -> None
             tmp.rename(out)
         finally:
             tmp.unlink(missing_ok=True)
-    report = bk.BackupReport(out, key_path, manifest, out.stat().st_size)
-    _emit(json_out, {**report.as_dict(), "online": True}, lambda: _table(
-        "backup of the PostgreSQL store", ["field", "value"],
-        [["backup", out], ["key", key_path], ["store_id", manifest["store_id"]],
-         ["created_at", manifest["created_at"]], ["files", len(manifest["files"])], ["bytes", report.size],
-         *[[f"head {_pair(s)}", f"cursor {h['cursor']} {h['event_hash']}"] for s, h in manifest["heads"].items()]]))
+    _emit_backup(json_out, bk.BackupReport(out, key_path, manifest, out.stat().st_size), True,
+                 "backup of the PostgreSQL store")
 
 
 @admin_app.command("restore")

@@ -269,24 +269,17 @@ def pg_url() -> Iterator[str]:
 
 
 @contextmanager
-def fresh_database(pg_url: str) -> Iterator[str]:
+def fresh_database(pg_url: str, prefix: str = "test") -> Iterator[str]:
     """A fresh, empty database (CREATE DATABASE over the admin URL; dropped afterwards): its URL."""
-    import secrets
-    from urllib.parse import urlsplit
-
     import psycopg
 
-    name = "test_" + secrets.token_hex(6)
+    from engram_memory.store.postgres.databases import fresh_database as fresh
+
     try:
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {name}".encode())
+        with fresh(pg_url, prefix) as url:
+            yield url
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL at ENGRAM_TEST_PG_URL is unreachable: {exc}", pytrace=False)
-    try:
-        yield urlsplit(pg_url)._replace(path="/" + name).geturl()
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
 
 
 @pytest.fixture

@@ -152,7 +152,7 @@ def kept_pg_trial(pg_url: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("crash-pg")
     make_keys(root / "keys")
     # Seed 7 kills at 2.7 s: time enough to admit records (the projection fault needs one).
-    from engram_memory.eval.bench_http import drop_database
+    from engram_memory.store.postgres.databases import drop_database
 
     result, ops, before = run_trial(0, 7, 3, root / "keys", root, max_kill_s=3.0, keep=True, store=pg_url, nodes=2)
     trial = root / "trial-0000"
@@ -183,7 +183,7 @@ def test_postgres_checks_fail_on_planted_faults(kept_pg_trial, pg_url: str, tmp_
     import psycopg
 
     from engram_memory.checks.pg_verify import verify_pg_store
-    from engram_memory.eval.bench_http import drop_database
+    from engram_memory.store.postgres.databases import drop_database
 
     trial, url, ops, before = kept_pg_trial
     nodes = [trial / "node-0", trial / "node-1"]

@@ -24,7 +24,7 @@ from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
-from tests.conftest import ALL, CONTEXT, REPO
+from tests.conftest import ALL, CONTEXT, REPO, fresh_database
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
 from tests.test_admin_cli import MARKER, QUERIES, SCOPE, TEXTS, admin, fill_engine, ok_json, refused
 
@@ -386,14 +386,8 @@ def test_rotate_master_key_on_postgres_and_how_the_nodes_get_the_new_key(migrate
 @pytest.fixture
 def second_database(pg_database: str) -> Any:
     """Another empty database on the same PostgreSQL (dropped afterwards)."""
-    from urllib.parse import urlsplit
-
-    name = "restore_" + secrets.token_hex(6)
-    sql(pg_database, f"CREATE DATABASE {name}")
-    try:
-        yield urlsplit(pg_database)._replace(path="/" + name).geturl()
-    finally:
-        sql(pg_database, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_database(pg_database, "restore") as url:
+        yield url
 
 
 def test_backup_of_the_live_store_restores_into_postgres_and_into_duckdb(

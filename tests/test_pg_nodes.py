@@ -5,16 +5,13 @@ signed contexts, and PostgreSQL itself read back to count effects."""
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import jwt
@@ -23,7 +20,7 @@ import pytest
 
 from engram_memory.models.hostauth import CONTEXT_META_KEY
 from engram_memory.store.postgres.backend import NODE_LIVE_S, POLL_S, PostgresStore
-from tests.conftest import capture_args, get_args, key, search_args
+from tests.conftest import capture_args, fresh_database, get_args, key, search_args
 from tests.http_fixtures import HostKit, HttpServer, SignedClient, free_port, host_context, signed_client, wait_healthy
 from tests.test_e2e_http import admit, assert_context_refused, forget_args, search_ids, withdraw_args
 
@@ -102,19 +99,6 @@ class Cluster:
             store.close()
 
 
-@contextmanager
-def fresh_database(pg_url: str) -> Iterator[str]:
-    """A database of its own (conftest's ``pg_database`` is per test; the trio of nodes is per module)."""
-    name = "nodes_" + secrets.token_hex(6)
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}".encode())
-    try:
-        yield urlsplit(pg_url)._replace(path="/" + name).geturl()
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)".encode())
-
-
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> HostKit:
     kit = HostKit(tmp_path_factory.mktemp("pg-node-keys"))
@@ -127,7 +111,7 @@ def module_trio(pg_url: str, tmp_path_factory: pytest.TempPathFactory, kit: Host
          offline_env: dict[str, str]) -> Iterator[Cluster]:
     """Three lexical nodes a, b, c on one store, shared by the tests that stop none of them for
     good; each such test works in a tenant of its own."""
-    with fresh_database(pg_url) as url:
+    with fresh_database(pg_url, "nodes") as url:
         c = Cluster(url, tmp_path_factory.mktemp("trio"), kit, offline_env)
         try:
             for name in "abc":

@@ -55,7 +55,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from engram_memory.eval.bench_http import create_database, drop_database
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import candidate_id as derive_candidate_id
 from engram_memory.models.digests import record_id_from_digest
@@ -67,6 +66,7 @@ from engram_memory.retrieval.lexical import query_terms
 from engram_memory.store.engine import Engine
 from engram_memory.store.policy import _texts, contains_secret
 from engram_memory.store.postgres.backend import init_store
+from engram_memory.store.postgres.databases import create_database, drop_database
 from tests.contract_model import (
     Candidate,
     ContractModel,
