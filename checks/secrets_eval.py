@@ -48,7 +48,8 @@ PROBES = DATA / "probes.jsonl"
 FROZEN = DATA / "frozen.jsonl"  # hand-written before the statement rules; they were then developed on it
 HELDOUT = DATA / "heldout.jsonl"  # hand-written by another engineer; first run 0.812 / 0.007, then developed on
 HELDOUT2 = DATA / "heldout2.jsonl"  # round 2, written blind to the code: first run 0.704 / 0.019, then developed on
-HELDOUT3 = DATA / "heldout3.jsonl"  # round 3, written blind: run once against the final rules (0.776 / 0.027)
+HELDOUT3 = DATA / "heldout3.jsonl"  # round 3, written blind: first run 0.776 / 0.027, then developed on
+HELDOUT4 = DATA / "heldout4.jsonl"  # round 4, written blind in 7 languages: run once (0.728 / 0.038)
 GENERATED_SEED = 424242  # the seed the README's figures for a regenerated corpus use
 RECALL_TARGET = 0.98
 FPR_TARGET = 0.02
@@ -339,9 +340,10 @@ def eval_secrets_cmd(
     = DEFAULT_CORPUS,
     json_out: Annotated[Path | None, Opt("--json", help="Write the full results (per kind, per field, every "
                                          "miss) to this JSON file.", show_default=False)] = None,
-    frozen: Annotated[bool, Opt("--frozen/--no-frozen", help="Also score the four frozen hand-written corpora "
-                                "(checks/secrets/frozen.jsonl, heldout.jsonl, heldout2.jsonl: each unseen once, then "
-                                "developed on; heldout3.jsonl: run once, not developed on), each apart.")] = True,
+    frozen: Annotated[bool, Opt("--frozen/--no-frozen", help="Also score the five frozen hand-written corpora "
+                                "(checks/secrets/frozen.jsonl, heldout.jsonl, heldout2.jsonl, heldout3.jsonl: each "
+                                "unseen once, then developed on; heldout4.jsonl: run once, not developed on), each "
+                                "apart.")] = True,
     generated_seed: Annotated[int | None, Opt("--generated-seed", metavar="N", show_default=False,
                                               help="Also generate and score the generator's corpus for seed N "
                                               f"(e.g. {GENERATED_SEED}; the generator the rules were tuned on, "
@@ -361,7 +363,8 @@ def eval_secrets_cmd(
             sets.append(("frozen, development (hand-written)", load_corpus(FROZEN)))
             sets.append(("held-out round 1 (hand-written; developed on after its first run)", load_corpus(HELDOUT)))
             sets.append(("held-out round 2 (written blind; developed on after its first run)", load_corpus(HELDOUT2)))
-            sets.append(("held-out round 3 (written blind; never developed on)", load_corpus(HELDOUT3)))
+            sets.append(("held-out round 3 (written blind; developed on after its first run)", load_corpus(HELDOUT3)))
+            sets.append(("held-out round 4 (written blind, 7 languages; never developed on)", load_corpus(HELDOUT4)))
         if generated_seed is not None:
             sets.append((f"generated (seed {generated_seed})", generated_corpus(generated_seed)))
     except (OSError, ValueError) as exc:

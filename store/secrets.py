@@ -38,6 +38,7 @@ from typing import Any
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.plugins.keyword import KeywordDetector as _KeywordDetector
 
+from engram_memory.store.secret_layouts import find_in_layout
 from engram_memory.store.statements import find_statement
 
 __all__ = ["contains_secret", "find_secret", "strings_of"]
@@ -796,7 +797,11 @@ _STATEMENT_HINTS = re.compile(
     r"@|ssh|combina|kombination|connexion|usa |use |utilise|benutze|entra|frase|conectar|anmeld|einlogg|router|"
     r"mnemonic|words|lock|combo|keypad|safe|puk|digi|bo(?:î|i)te|caja|port(?:ó|o)n|zahl|kenn|connect|melde|"
     r"user|usuario|utilisateur|benutzer|u:|admin|root|guest|secreto|/|door|gate|t(?:ü|u)r|tor|porte|puerta|"
-    r"portail|garage|schloss|tresor|candado|cadenas|contra|wi-?fi|wlan|new|nouv|nuev|neu|dckr")
+    r"portail|garage|schloss|tresor|candado|cadenas|contra|wi-?fi|wlan|new|nouv|nuev|neu|dckr|"
+    # the rules for a noun-less password, a wallet key, a lock read out, a value "now"
+    r"try|essa|prueb|probier|prova|same|m(?:ê|e)me|mism|gleich|stesso|mine|mien|m(?:í|i)[oa]|meins|opens|now|"
+    r"currently|actuel|actual|derzeit|zurzeit|privat|privad|priv|interphone|telefonillo|klingel|keller|spind|"
+    r"casier|shed|alarm|keypad|locker|code|\d-\d-\d|senha|wachtwoord|parola|box|account|compte|cuenta|konto")
 
 # ---- the screen -----------------------------------------------------------------------------------
 
@@ -805,7 +810,7 @@ def find_secret(text: str) -> str | None:
     """The kind of the first secret found in ``text``, or None. Never returns the value."""
     if not text or len(text) < 4:
         return None
-    found = _shapes(text)
+    found = _shapes(text) or find_in_layout(text)
     if found:
         return found
     for line in text.splitlines() or [text]:

@@ -29,11 +29,12 @@ _PASSWORD = (
     r"pas+w(?:or|ro|r)?d|phrase\s+de\s+passe|contra|"
     r"contrase(?:ñ|n)a|clave|passwort|kennwort|pass-?wort|frase\s+de\s+paso|"
     r"PIN(?:[ -]?(?:code|number|nummer))?|pin(?:[ -](?:code|number))?|code\s+PIN|code\s+secret|"
-    r"[\w-]*-PIN|c(?:ó|o)digo\s+PIN"
+    r"[\w-]*-PIN|c(?:ó|o)digo\s+PIN|senha|palavra-passe|wachtwoord|parola\s+d'ordine|bind\s*pw|bind\s+password|"
+    r"memorable\s+word"
 )
 _CODE_QUALIFIERS = (
     r"door|gate|garage|alarm|access|entry|keypad|lock|safe|unlock|verification|security|confirmation|one-time|"
-    r"2fa|otp|totp|sms|backup|recovery|building|bike|locker|meeting|zoom|voicemail|"
+    r"2fa|otp|totp|sms|backup|recovery|bypass|building|bike|locker|meeting|zoom|voicemail|"
     r"porte|portail|garage|alarme|acc(?:è|e)s|v(?:é|e)rification|cadenas|coffre|immeuble|"
     r"puerta|portal|garaje|alarma|acceso|verificaci(?:ó|o)n|candado|edificio|"
     r"t(?:ü|u)r|tor|garagen|alarm(?:anlagen?)?|zugangs|best(?:ä|a)tigungs|tresor|geb(?:ä|a)ude|"
@@ -57,7 +58,8 @@ _KEYS = (
 _SEEDS = (
     r"seed(?:[ -]phrase|\s+words)?|recovery\s+phrase|mnemonic|phrase\s+de\s+r(?:é|e)cup(?:é|e)ration|"
     r"frase\s+semilla|wiederherstellungsphrase|phrase\s+secr(?:è|e)te|frase\s+de\s+recuperaci(?:ó|o)n|"
-    r"(?:12|24|twelve|twenty-four)[ -]words|(?:wallet|recovery)\s+words"
+    r"(?:12|24|twelve|twenty-four)[ -]words|(?:wallet|recovery)\s+words|frase\s+di\s+recupero|herstelzin|"
+    r"frase\s+de\s+recupera(?:ç|c)(?:ã|a)o|frase\s+segreta"
 )
 _LOGINS = (
     r"credentials|creds|login(?:/password)?|log-?in|identifiants|credenciales|zugangsdaten|anmeldedaten|"
@@ -66,14 +68,15 @@ _LOGINS = (
 # German glues or hyphenates its qualifiers: "WLAN-Passwort", "Druckerpasswort", "Garagencode".
 # (glued: only the password words; a glued "...pin" or "...code" is English too: gonadotropin, barcode)
 _COMPOUND = (r"\w+(?:passwort|kennwort|schl(?:ü|u)ssel)|"
-             r"[\w]+(?:-\w+)*-(?:passwort|kennwort|pin|codes?|token|passphrase|schl(?:ü|u)ssel)")
+             r"[\w]+(?:-\w+)*-(?:passwort|kennwort|pin|codes?|token|passphrase|schl(?:ü|u)ssel|pw|pwd)")
 _NOUN = r"(?P<noun>" + "|".join((_COMPOUND, _PASSWORD, _CODES, _KEYS, _SEEDS, _LOGINS)) + r")"
 # What binds a noun to its value: a verb of being or naming, or a colon / equals sign.
 _CONNECTOR = (
     r"(?P<conn>(?<!\w)(?:(?:is|was|are|were|'s|est|c'est|es|ist)(?:\s+(?:now|still|jetzt|maintenant|ahora))?|"
     r"(?:got\s+|has\s+been\s+|was\s+)?(?:changed|set|reset)\s+to|"
     r"(?:a\s+été\s+|est\s+)?chang(?:é|ée)\s+en|(?:fue\s+|ha\s+sido\s+)?cambiad[ao]\s+a|(?:wurde|ist)\s+auf|"
-    r"(?:ge(?:ä|a)ndert|gesetzt)\s+auf|says|reads|était|era|son|lautet|war|sind)(?!\w)|=>|->|→|=|:|\s-\s)"
+    r"(?:ge(?:ä|a)ndert|gesetzt)\s+auf|says|reads|était|era|son|lautet|war|sind|è|é|foi|sono|são|werd|wordt)(?!\w)|"
+    r"=>|->|→|=|:|\s-\s)"
 )
 # A short qualifier between noun and connector: "for the staging db", "on my phone", "(garage)".
 _QUALIFIER = r"(?P<qual>(?:\s+(?!(?:is|was|est|es|ist|lautet|and|et|y|und|or|ou|oder)\b)[^\s:=.;!?]+){0,6}?)"
@@ -125,11 +128,16 @@ el los las una unos del en con sin por para no nunca siempre incorrecta incorrec
 caducada caducó cambiada correcta correcto bloqueada aceptada nueva nuevo aquí
 der die das den dem des ein eine einen im in am an auf mit ohne für von zu nicht nie immer falsch richtig
 erforderlich abgelaufen geändert gesperrt gehasht akzeptiert neu alt hier
+désactivé désactivée deaktiviert desactivada desactivado deshabilitada pública público publique öffentlich
 """.split())
+# Adverbs a speaker puts before the value: "the password is literally 'password123'".
+_FILLER = re.compile(r"(?i)^(?:literally|simply|actually|basically|just|tout\s+simplement|simplement|literalmente|"
+                     r"simplemente|einfach|eigentlich|letteralmente|semplicemente)\s+")
 # After a value, the clause ends: punctuation, a conjunction, a bracket, or the end.
 _CLAUSE_END = re.compile(
     r"\s*(?:$|[,;.!?)]+(?:\s|$)|\s(?:and|but|et|mais|y|pero|und|aber|for|pour|para|für|press|appuyez|-|–|—|"
-    r"geändert|gesetzt|eingestellt|then|puis|luego|dann)(?!\w)|\s\(|\s*[,;]\s)",
+    r"geändert|gesetzt|eingestellt|then|puis|luego|dann|btw|lol|haha|pls|plz|thx|thanks|cheers|merci|gracias|danke|"
+    r"grazie|obrigad[oa])(?!\w)|\s\(|\s*[,;]\s|\s[\U0001F300-\U0001FAFF\u2600-\u27BF])",
     re.IGNORECASE)
 _QUOTED = re.compile(r"""^[\"'`‘“«„]\s*([^\"'`’”»“]{1,200}?)\s*[\"'`’”»“]""")
 _TOKEN = re.compile(r"^([^\s,;]{3,200}?)(?=[.,;!?)]*(?:\s|$))")
@@ -148,7 +156,7 @@ _SSH_PASSWORD = re.compile(
 _UNIT = re.compile(r"(?i)^\d+\s*(?:%|characters?|chars?|digits?|letters?|days?|hours?|minutes?|seconds?|ms|"
                    r"caract(?:è|e)res|chiffres|jours|d(?:í|i)gitos|d(?:í|i)as|zeichen|ziffern|tage)(?!\w)")
 # A seed phrase: a dozen or more short lower-case words (a pasted part may be elided with "...").
-_BIP39ISH = re.compile(r"^(?:[a-z]{3,8}(?:[\s,]+|\s*(?:\.{3}|…)\s*)){11,23}[a-z]{3,8}\b")
+_BIP39ISH = re.compile(r"^(?:[^\W\d_]{3,8}(?:[\s,]+|\s*(?:\.{3}|…)\s*)){11,23}[^\W\d_]{3,8}(?!\w)")
 _PHRASE_NOUNS = re.compile(r"(?i)pass-?phrase|passphrase|frase\s+de\s+paso|phrase\s+de\s+passe")
 _PASSWORDISH = re.compile(r"^(?=.*[A-Za-z])(?=.*[\d!@#$%^&*+=?~]).{4,}$|^[*#]?\d{3,12}[#*]?$")
 _NOW = re.compile(r"(?i)\s+(?:now|maintenant|ahora|jetzt)\b")
@@ -184,7 +192,7 @@ def _benign_token(value: str) -> bool:
 
 def _value_after(noun: str, rest: str) -> bool:
     """Does the text after the connector hold one concrete value (or a seed phrase / code list)?"""
-    rest = rest.lstrip(" \t:")
+    rest = _FILLER.sub("", rest.lstrip(" \t:"))
     low_noun = noun.lower()
     if re.fullmatch(_SEEDS, low_noun, re.IGNORECASE):
         if _BIP39ISH.match(rest.lower()):
@@ -201,9 +209,12 @@ def _value_after(noun: str, rest: str) -> bool:
     quoted = _QUOTED.match(rest)
     if quoted:
         value = quoted.group(1)
+        if _PHRASE_NOUNS.search(noun) and len(value.split()) >= 3 and not value.startswith("<"):
+            return True  # a quoted passphrase: "'the lantern swallows seven herons'"
         return not _benign_token(value) and not value.startswith("<")
     pair = _PAIR.match(rest)
-    if pair and not _benign_token(pair.group(2)) and not _CREDENTIAL_WORDS.match(pair.group(1)):
+    if pair and not _benign_token(pair.group(2)) and not _CREDENTIAL_WORDS.match(pair.group(1)) and (
+            " /" in pair.group(0) or _PASSWORDISH.match(pair.group(2))):  # "infra/idrac" is a path
         return True  # "bob.smith / qwerty123", "CORP\\svc_backup / Backup!2024"
     token = _TOKEN.match(rest)
     if token is None:
@@ -273,7 +284,7 @@ _DEFAULT_PAIR = re.compile(r"(?i)(?<![\w/.@:-])(?P<user>" + _DEFAULT_USERS + r")
 # with digits or symbols across a spaced slash (words alone there are alternatives: "Input: text / image").
 _LABELLED_PAIR = re.compile(r"(?:^|[.;]\s+)[\w .'()-]{2,30}?:\s*(?P<user>[\w.@+\\-]{2,64})\s+/\s+"
                             r"(?P<val>[^\s/,;]{3,128})(?=[.,;!?)]*(?:\s|$))")
-_SSH_ANY = re.compile(r"(?i)\bssh\b[^\n]{0,60}?\b(?:" + _PASSWORD + r")(?!\w)\s*[:=]?\s*(?P<val>[^\s,;]{3,64})"
+_SSH_ANY = re.compile(r"(?i)\bssh\b[^\n(]{0,60}?\b(?:" + _PASSWORD + r")(?!\w)\s*[:=]?\s*(?P<val>[^\s,;]{3,64})"
                       r"(?=[.,;!?)]*(?:\s|$))")
 
 
@@ -302,6 +313,9 @@ def find_statement(line: str) -> str | None:
     """``"prose_credential"`` when the line states a credential's value, else None."""
     for match in _STATEMENT.finditer(line):
         noun = match.group("noun")
+        if _NOT_THE_VALUE.search(match.group("qual")) or (
+                noun.lower() == "clave" and _CLAVE_ADJECTIVE.search(line[:match.start()])):
+            continue  # "recovery key ID: 5A3C1F9E", "Passphrase tip: ...", "puntos clave de la reunión: ..."
         if noun.lower().startswith("pin") and not re.match(r"\s*[\"'`]?\d{3,12}\b", match.group("rest").lstrip(" \t:")):
             continue  # a PIN is a number ("the pin on the header is GPIO17", "the PIN pad is unresponsive" are not)
         if noun.lower() == "pass" and (match.group("conn") or "").strip() in (":", "=", "-"):
@@ -370,10 +384,167 @@ def find_statement(line: str) -> str | None:
     for match in _TOKEN_ADJACENT.finditer(line):
         if _TOKEN_SHAPE.match(match.group("val")) and not _benign_token(match.group("val")):
             return "prose_credential"
+    if _private_hex(line) or _lock_line(line) or _now_value(line) or _access_token(line):
+        return "prose_credential"
     for pattern in (_EMAIL_PAIR, _LOGIN_WITH, _SSH_PASSWORD, _SSH_ANY, _LOGIN_ADJACENT, _REVERSED, _AS_CODE):
         for match in pattern.finditer(line):
             value = match.group("val").strip("\"'`‘’“”«»")
             user = match.groupdict().get("user")
+            if pattern is _LOGIN_WITH and not (
+                    _PASSWORDISH.match(value) or re.fullmatch(_DEFAULT_USERS, user or "", re.IGNORECASE)):
+                continue  # "log into the iDRAC (creds in vault: infra/idrac)": a path, not a pair
             if not _benign_token(value) and (user is None or not _CREDENTIAL_WORDS.match(user)):
                 return "prose_credential"
     return None
+
+
+# A noun followed by what names something about the credential, not its value: "key ID:", "password
+# hint:", "passphrase tip:", "creds in vault:".
+_NOT_THE_VALUE = re.compile(
+    r"(?i)(?:^|\s)(?:id|ids|identifier|hint|hints|tips?|name|length|policy|prompt|field|manager|reset|rules|"
+    r"requirements|format|in\s+(?:the\s+)?vault|in\s+1password|in\s+bitwarden|in\s+keepass)\s*$")
+# "clave" after a noun is an adjective: "puntos clave", "palabras clave", "factor clave".
+_CLAVE_ADJECTIVE = re.compile(
+    r"(?i)\b(?:puntos?|palabras?|ideas?|factor(?:es)?|elementos?|momentos?|aspectos?|temas?|preguntas?|datos?|"
+    r"fechas?|personas?|papel|conceptos?|cifras?|resultados?|piezas?|jugador(?:es)?|mensajes?|roles?)\s+$")
+
+
+def password_shaped(value: str) -> bool:
+    """One concrete value that looks like a password or a code (not a state, placeholder or reference)."""
+    value = value.strip().strip("\"'`‘’“”«»").rstrip(".,;:")
+    return bool(value) and "://" not in value and not _benign_token(value) and bool(_PASSWORDISH.match(value))
+
+
+# A wallet's private key: 64 hex digits next to "private key" in any of the languages (a digest of a key
+# file is named as one: "sha256", "fingerprint", "hash").
+_PRIVATE_NOUN = re.compile(
+    r"(?i)private\s+key|priv\s*key|privater?\s+schl(?:ü|u)ssel|clave\s+privada|llave\s+privada|"
+    r"cl(?:é|e)\s+priv(?:é|e)e|chiave\s+privata|chave\s+privada|priv(?:é|e)sleutel")
+_HEX64 = re.compile(r"(?<![\w:])(?:0x)?[0-9a-fA-F]{64}(?![\w])")
+_DIGEST_WORDS = re.compile(r"(?i)sha-?256|sha-?1|md5|fingerprint|empreinte|huella|fingerabdruck|hash|digest|checksum")
+
+
+def _private_hex(line: str) -> bool:
+    return bool(_PRIVATE_NOUN.search(line) and _HEX64.search(line) and not _DIGEST_WORDS.search(line))
+
+
+# In a line about something that opens (a door, a gate, a locker, an alarm, an intercom), a code said
+# as a code: "Spind 17, Code 2-9-0-3", "Interphone : ... code 4477", "Side door: 2-4-6-8-0".
+_LOCK_CUES = re.compile(
+    r"(?i)\b(?:door|gate|garage|alarm|keypad|lock|locks|lockbox|padlock|locker|(?:the|wall|key)\s+safe|shed|intercom|"
+    r"buzzer|"
+    r"porte|portail|interphone|digicode|casier|cadenas|coffre|serrure|bo(?:î|i)te\s+aux\s+lettres|alarme|"
+    r"puerta|port(?:ó|o)n|telefonillo|portero|taquilla|candado|cerradura|buz(?:ó|o)n|alarma|"
+    r"t(?:ü|u)r|haust(?:ü|u)r|tor|hoftor|garagentor|gartentor|klingel|keller|fahrradkeller|spind|\w*schloss|tresor|"
+    r"briefkasten|alarmanlage|porta|portone|citofono|lucchetto|armadietto|cancello|fechadura|cadeado|interfone|deur|"
+    r"poort|kluis)\b")
+_READ_OUT = re.compile(r"(?<![\w./-])\d(?:[-–]\d){3,7}(?![\w/-])")
+_CODE_THEN_VALUE = re.compile(
+    r"(?i)(?<![\w-])(?P<pre>\w+\s+)?(?P<word>\w*code|c(?:ó|o)digo|codice|combinaison|combination|combo|pin)\b"
+    r"(?P<qual>(?:\s+[^\s\d:=]{1,15}){0,4}?)\s*[:=]?\s*"
+    r"(?P<val>[*#]?\d{3,8}[#*]?|\d(?:[-– ]\d){3,7})(?=[.,;!?)]*(?:\s|$))")
+_NOT_LOCK_CODES = re.compile(
+    r"(?i)^(?:zip|postal|post|postcode|area|country|dial|error|status|http|promo|discount|coupon|product|"
+    r"tracking|reference|booking|airport|iata|source|exit|return|response|bar|qr|ean|sku|tax|vat|bank|sort)\s+$|"
+    r"^(?:post|zip|bar|qr|op|uni|byte|short|geo|en|de|trans|source)code$|"
+    r"^\s+(?:postal|postale|promo\w*|de\s+r(?:é|e)duction|de\s+descuento|d'erreur|de\s+error|fehler\w*|error|status)\b")
+
+
+# "ahora abre con 7733", "mine opens with 120388AB": what opens it, said with the verb.
+_OPENS_WITH = re.compile(
+    r"(?i)\b(?:opens\s+with|unlocks\s+with|abre\s+con|se\s+abre\s+con|s'ouvre\s+avec|ouvre\s+avec|(?:ö|o)ffnet\s+mit|"
+    r"geht\s+auf\s+mit|apre\s+con|si\s+apre\s+con|abre\s+com|opent\s+met)\s+(?P<val>[^\s,;]{3,64}?)"
+    r"(?=[.,;!?)]*(?:\s|$))")
+_STARRED_CODE = re.compile(r"(?<![\w*#])(?:[*#]\d{4,8}[*#]?|\d{4,8}[*#])(?![\w*#])")
+
+
+def _lock_line(line: str) -> bool:
+    for match in _OPENS_WITH.finditer(line):
+        if password_shaped(match.group("val")):
+            return True
+    if not _LOCK_CUES.search(line):
+        return False
+    if _READ_OUT.search(line) or _STARRED_CODE.search(line):
+        return True
+    for match in _CODE_THEN_VALUE.finditer(line):
+        value = match.group("val")
+        if any(_NOT_LOCK_CODES.match(match.group(part) or "") for part in ("pre", "word", "qual")) or \
+                re.fullmatch(r"(?:19|20)\d\d", value):
+            continue
+        return True
+    return False
+
+
+# A value given as what it is now: "keypad changed this term -- it's now 2468X", "change pwd on old yahoo
+# (currently hamster1987)".
+_NOW_VALUE = re.compile(
+    r"(?i)(?:\bnow|\(currently|\(actuellement|\(actualmente|\(derzeit|\(zurzeit|\(attualmente|\(agora)\s*:?\s*"
+    r"(?P<val>[^\s,;()]{3,64})(?=[.,;!?)]*(?:\s|$))")
+_SECRET_TOPIC = re.compile(r"(?i)(?<![\w-])(?:" + _PASSWORD + "|" + _LOCKS + "|" + _CODES + r")(?!\w)")
+
+
+def _now_value(line: str) -> bool:
+    topic = _SECRET_TOPIC.search(line)
+    if topic is None:
+        return False
+    for match in _NOW_VALUE.finditer(line, topic.end()):
+        value = match.group("val")
+        if password_shaped(value) and re.search(r"\d", value):
+            return True
+    return False
+
+
+# A password with no noun bound to it, in a sentence about getting in: "if Summer2023! doesn't work try
+# Summer2024!", "It's the same as the wifi one: gr33nTea#mug", "Server-PW für build01 ist Qx8!vLm3".
+# Only a strong shape counts: letters with digits and a symbol or both cases -- what people are told to
+# make a password, and what prose and science rarely write next to these words.
+_ACCESS_CUES = re.compile(
+    r"(?i)(?<![\w-])(?:" + _PASSWORD + r"|login|log\s*in|sign\s*in|wi-?fi|wlan|router|"
+    r"same\s+(?:as|one)|(?:le|la)\s+m(?:ê|e)me|(?:la|el|lo)\s+mism[ao]|das\s+gleiche|dasselbe|lo\s+stesso|"
+    r"try|essaie|essayez|prueba|probier\w*|prova|doesn't\s+work|does\s+not\s+work|ne\s+marche|no\s+va|"
+    r"nicht\s+klappt|funktioniert\s+nicht|non\s+funziona|n(?:ã|a)o\s+funciona|"
+    r"mine\s+is|le\s+mien|la\s+mienne|el\s+m(?:í|i)o|la\s+m(?:í|i)a|meins?|opens\s+with|"
+    r"new\s+one|nouveau|nouvelle|nuev[ao]|neue[sr]?|unlock\w*|secret|token|jeton|api\s+key|private\s+key)(?!\w)")
+_WORD_DIGITS = re.compile(r"^[A-ZÀ-Ý][a-zà-ÿ]{2,}\d{2,4}[!?#@$%&*]*$")
+
+
+# Shapes that are names, not passwords: "1Password", "'password123'-style", an SSID "LaGrange_5G", a
+# documented example key, an algorithm.
+_NOT_A_PASSWORD = re.compile(
+    r"(?i)^\d[a-z]+$|-(?:style|like|type|based|shaped)$|[-_ ](?:5g|2g|2\.4g|5ghz|ext|guest)$|example$|"
+    r"^(?:argon2(?:id|i|d)?|pbkdf2|scrypt|sha-?\d+|md5|aes-?\d+|[xe]d?25519|base64|utf-?8|ipv[46]|oauth2|http2|wpa[23]|mp[34]|h26[45])$")
+_STRONG_SYMBOLS = frozenset("!@#$%^&*+=?~_|<>{}[]§€£")
+_WEAK_SYMBOLS = frozenset("-–.'’")  # what names, compounds and gene symbols are written with: IL-23, HER2-amplified
+
+
+def _strong_token(token: str, beside_password: bool) -> bool:
+    """A password-shaped token: digits and letters with a symbol, or in both cases. One whose only
+    symbols are hyphens or dots counts only beside a password noun ("Cobalt-Fern-Ridge-71")."""
+    token = token.strip("\"'`‘’“”«»()[]").rstrip(".,;:?")
+    if not 6 <= len(token) <= 40 or "://" in token or any(c in token for c in "/,(=") or _NOT_A_PASSWORD.search(token):
+        return False
+    if token.startswith(("#", "@", "$")) or ("@" in token and "." in token.split("@")[-1]) or _benign_token(token):
+        return False
+    letters = sum(c.isalpha() for c in token)
+    if letters < 3 or not any(c.isdigit() for c in token):
+        return False
+    symbols = {c for c in token if not c.isalnum()}
+    both_cases = any(c.islower() for c in token) and any(c.isupper() for c in token)
+    if symbols - _WEAK_SYMBOLS:
+        return True
+    return beside_password and both_cases and sum(c.islower() for c in token) >= 3
+
+
+def _access_token(line: str) -> bool:
+    if not _ACCESS_CUES.search(line):
+        return False
+    beside_password = bool(_PASSWORD_ONLY.search(line))
+    for token in line.split():
+        if _strong_token(token, beside_password):
+            return True
+    if beside_password:  # "Olivia42" beside a password noun
+        return any(_WORD_DIGITS.match(token.strip("\"'`.,;:()")) for token in line.split())
+    return False
+
+
+_PASSWORD_ONLY = re.compile(r"(?i)(?<![\w-])(?:" + _PASSWORD + r")(?!\w)")

@@ -267,6 +267,7 @@ ISSUE_BENIGN = ["Login flow: user/pass then TOTP.", "Set the session cookie to S
 HELDOUT_SHA256 = "e9650b291cafeffbcd29f699aef8598e16d7a84a3e78dc7d95c633c77d42376a"
 HELDOUT2_SHA256 = "ae2add287bc46ebc22aa671015347da6b1f1e0c27183c7b3be7a834e9283b9bd"
 HELDOUT3_SHA256 = "5cbc2010bb41a9f39525811bdcb8bcd5425dff7d902879401945564877fa08ec"
+HELDOUT4_SHA256 = "bf6259512dbc093f04c1dafa33cb204ceca1e85b0bb4ae030594196389b5ac2c"
 
 
 def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
@@ -276,23 +277,28 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     assert hashlib.sha256(secrets_eval.HELDOUT.read_bytes()).hexdigest() == HELDOUT_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT2.read_bytes()).hexdigest() == HELDOUT2_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT3.read_bytes()).hexdigest() == HELDOUT3_SHA256
+    assert hashlib.sha256(secrets_eval.HELDOUT4.read_bytes()).hexdigest() == HELDOUT4_SHA256
 
 
 @pytest.mark.parametrize(("path", "size", "recall", "fpr"), [
     # Round 1: 558 sentences by another engineer; first run 0.812 / 0.007, then the rules were developed on it.
     (secrets_eval.HELDOUT, 558, 0.98, 0.01),
     # Round 2: 523 sentences written blind to the code and the other corpora; first run 0.704 / 0.019 (the
-    # unseen measurement of round 1's rules), then developed on: 0.927 / 0.004.
-    (secrets_eval.HELDOUT2, 523, 0.92, 0.01),
-    # Round 3: 521 sentences written blind, run once against this session's final rules: 0.776 / 0.027 -- the
-    # unseen figure (issue 24's 0.98 / 0.02 is not met on it). Not developed on.
-    (secrets_eval.HELDOUT3, 521, 0.77, 0.03),
+    # unseen measurement of round 1's rules), then developed on: 0.927 / 0.004, and 0.946 / 0.004 after round 3.
+    (secrets_eval.HELDOUT2, 523, 0.94, 0.01),
+    # Round 3: 521 sentences written blind; first run 0.776 / 0.027, then developed on (tables, exports, config
+    # calls, labels over lines, noun-less passwords): 0.970 / 0.004.
+    (secrets_eval.HELDOUT3, 521, 0.96, 0.01),
+    # Round 4: 530 sentences written blind in seven languages (three the rules had never read), run once
+    # against the final rules: 0.728 / 0.038 -- the unseen figure. Not developed on.
+    (secrets_eval.HELDOUT4, 530, 0.72, 0.04),
 ])
 def test_the_held_out_rounds_keep_their_floors(path: Path, size: int, recall: float, fpr: float) -> None:
-    """Floors, so a change that loses ground on either round fails here. Neither is unseen any more:
-    the next unseen measurement needs a third round, written and run once."""
+    """Floors, so a change that loses ground on any round fails here. Only round 4 is unseen; the next
+    unseen measurement needs a fifth round, written and run once."""
     examples = secrets_eval.load_corpus(path)
-    assert len(examples) == size and {e["lang"] for e in examples} == {"en", "fr", "es", "de"}
+    languages = {"en", "fr", "es", "de"} | ({"it", "pt", "nl"} if path == secrets_eval.HELDOUT4 else set())
+    assert len(examples) == size and {e["lang"] for e in examples} == languages
     result = secrets_eval.score_policy(examples, path.stem)
     assert result.recall >= recall and result.fpr <= fpr, (result.recall, result.fpr)
 
