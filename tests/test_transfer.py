@@ -234,6 +234,15 @@ def test_memory_graph_import_rejects_the_secret_and_a_second_import_is_a_no_op(
     assert PASSWORD not in proc.stdout + proc.stderr and "secret:prose_credential" in proc.stdout
     assert journal(backend, where, "acme/graph") == head
 
+    # The same graph as one object (as the memory server's read_graph answers it): the same items.
+    whole = tmp_path / "graph.json"
+    whole.write_text(json.dumps({"entities": [{k: v for k, v in e.items() if k != "type"} for e in GRAPH[:3]],
+                                 "relations": [{k: v for k, v in r.items() if k != "type"} for r in GRAPH[3:]]}))
+    again = cli_json(["import", "--scope", "acme/graph", "--from", str(whole), *store_args(backend, where)])
+    assert again["counts"] == {"items": 8, "imported": 0, "already_present": 7, "rejected": 1,
+                               "pending_adjudication": 0, "invalid": 0}
+    assert again["store_changed"] is False and journal(backend, where, "acme/graph") == head
+
     # A malformed file: one line, exit 2, nothing written.
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(GRAPH[0]) + "\n" + '{"type": "relation", "from": "Alice Moreau"}\n')
