@@ -53,7 +53,11 @@ MAX_LISTED = 200  # items named per outcome in a report (the counts are always w
 
 
 def import_context(scope_ref: str) -> HostContext:
-    tenant, workspace = scope_ref.removeprefix("tenant:").split("/workspace:", 1)
+    from engram_memory.store.rebuild import scope_names
+
+    names = scope_names(scope_ref)
+    assert names is not None, scope_ref
+    tenant, workspace = names
     return HostContext(tenant=tenant, workspace=workspace, principal=IMPORT_PRINCIPAL, agent_id=IMPORT_PRINCIPAL,
                        purpose_ref=IMPORT_PURPOSE, session="admin-import")
 
