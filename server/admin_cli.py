@@ -1,7 +1,7 @@
 """``engram-memory admin ...``: host-only maintenance (never agent tools, never over MCP).
 
 verify, backup, restore, expire, adjudicate, history, candidates and rotate-master-key; init-store
-and migrate (DuckDB -> PostgreSQL). Each
+and migrate (DuckDB -> PostgreSQL); export and import (server/admin_transfer.py). Each
 prints a table (stdout) or, with ``--json``, one JSON document. A mistake of the operator is
 one ``engram-memory: error:`` line and exit 2; a refusal is one line naming its code
 (store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY, STORE_INCONSISTENT,
@@ -761,3 +761,5 @@ def migrate_cmd(
          *[[f"rows {t}", n] for t, n in report.rows.items()], ["data keys re-wrapped", report.data_keys],
          ["unreferenced key files (not copied)", report.unreferenced_keys],
          ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"]]))
+
+from engram_memory.server import admin_transfer  # noqa: E402,F401  (admin export, admin import)

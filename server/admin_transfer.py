@@ -1,0 +1,158 @@
+"""``engram-memory admin export`` and ``admin import``: a scope's current records to a JSON Lines
+file, and such a file (or the MCP memory server's knowledge graph) back through capture and
+admission. The logic is store/transfer.py's; this module parses options and prints reports.
+
+A DuckDB data dir must not be held by a running server (STORE_BUSY, as every admin command but
+``backup``): the engine opens the store itself, without the embedding model (a server embeds
+the imported records at its next start). On a PostgreSQL store both run against the live store.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engram_memory.server.admin_cli import (
+    DataDir,
+    JsonOut,
+    PgKeyFile,
+    PgStore,
+    _busy,
+    _closed_store,
+    _emit,
+    _fail,
+    _now,
+    _outcomes,
+    _pg_outcomes,
+    _pg_scope,
+    _postgres,
+    _refuse,
+    _scope_ref,
+    _short,
+    _table,
+    _target,
+    admin_app,
+)
+
+ScopeOpt = Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")]
+
+
+@contextmanager
+def _engine(data_dir: Path | None, store: str | None, key_file: Path | None, *,
+            scope_ref: str | None = None, create: bool = False) -> Iterator[Any]:
+    """An engine on the command's store, without the embedding model: the DuckDB store of the data
+    dir (no server may hold it; ``create``: an absent or empty dir gets a new store), or an admin
+    node of the PostgreSQL store. ``scope_ref``, when given, must exist."""
+    pg = _postgres(store, key_file, data_dir)
+    if pg is not None:
+        assert pg.key_file is not None
+        _pg_scope(pg, scope_ref)
+        from engram_memory.store.postgres.admin import admin_engine
+
+        with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
+            yield engine
+        return
+    from engram_memory.models.settings import EngineSettings
+    from engram_memory.store.backend import StoreBusyError
+    from engram_memory.store.engine import Engine
+    from engram_memory.store.refusals import STORE_BUSY
+
+    target = _target(data_dir)
+    if not (create and (not target.exists() or (target.is_dir() and not any(target.iterdir())))):
+        _closed_store(target, scope_ref)
+    try:
+        engine = Engine.open(EngineSettings(data_dir=target, semantic=False))
+    except StoreBusyError:
+        raise _refuse(STORE_BUSY, f"data dir {target} is in use by a running server; stop it first") from None
+    try:
+        with _outcomes():
+            yield engine
+    finally:
+        engine.close()
+
+
+@admin_app.command("export")
+def export_cmd(
+    scope: ScopeOpt,
+    out: Annotated[Path, typer.Option("--out", help="The JSON Lines file to write (new; 0600).")],
+    data_dir: DataDir = None,
+    store: PgStore = None,
+    master_key_file: PgKeyFile = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Write a scope's current records to a JSON Lines file: a header line, then one record per line
+    (id, state, digests, payload with its citations). Never a key. Forgotten, expired and withdrawn
+    items are not written. The file holds memory content in the clear: it is created 0600."""
+    scope_ref = _scope_ref(scope)
+    assert scope_ref is not None
+    if out.exists():
+        raise _fail(f"--out {out} already exists; choose a new file")
+    if not out.absolute().parent.is_dir():
+        raise _fail(f"--out {out}: no such directory {out.absolute().parent}")
+    from engram_memory.store.timeutil import to_instant
+    from engram_memory.store.transfer import export_lines, write_lines
+
+    with _engine(data_dir, store, master_key_file, scope_ref=scope_ref) as engine, _busy("exporting"):
+        lines = export_lines(engine, scope_ref, scope, to_instant(_now()))
+    try:
+        size = write_lines(out, lines)
+    except OSError as exc:
+        raise _fail(f"cannot write {out}: {exc.strerror or exc}") from None
+    records = len(lines) - 1
+    _emit(json_out, {"scope": scope, "out": str(out), "records": records, "bytes": size,
+                     "format": lines[0]["format"], "version": lines[0]["version"]},
+          lambda: f"exported {records} current record(s) of {scope} to {out} ({size} bytes)")
+
+
+@admin_app.command("import")
+def import_cmd(
+    scope: ScopeOpt,
+    from_: Annotated[Path, typer.Option("--from", help="An engram-memory export, or an MCP memory server"
+                                        " knowledge graph (memory.json / memory.jsonl).")],
+    data_dir: DataDir = None,
+    store: PgStore = None,
+    master_key_file: PgKeyFile = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Import a file into a scope through capture and admission: the admission policy decides each
+    item (secrets are rejected and reported, never shown). The format is detected from the content.
+    Idempotency keys come from each item's content: importing the same file again changes nothing.
+    A DuckDB data dir that does not exist (or is empty) gets a new store."""
+    scope_ref = _scope_ref(scope)
+    assert scope_ref is not None
+    from engram_memory.store.transfer import import_items, read_items
+
+    with _outcomes():
+        fmt, items = read_items(from_)  # the whole file, before the store is opened
+    console = Console(stderr=True)  # stdout carries the report; a pipe gets no bar
+    with _engine(data_dir, store, master_key_file, create=True) as engine, Progress(
+            TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("importing", total=len(items))
+        report = import_items(engine, scope_ref, fmt, items, lambda: progress.advance(task))
+    _emit(json_out, {"scope": scope, "from": str(from_), **report.as_dict()}, lambda: _summary(scope, from_, report))
+
+
+def _summary(scope: str, source: Path, report: Any) -> str:
+    counts = report.counts()
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(f"import of {source} into {scope} ({report.format})", highlight=False, soft_wrap=True)
+    console.print(_table("", ["outcome", "items"], [
+        ["imported", counts["imported"]], ["already present", counts["already_present"]],
+        ["rejected by policy", counts["rejected"]], ["pending adjudication", counts["pending_adjudication"]],
+        ["invalid", counts["invalid"]], ["total", counts["items"]]]))
+    details = [["rejected", r["item"], r["reason"]] for r in report.rejected] + \
+        [["pending adjudication", p["item"], _short(p["candidate_id"], 28)] for p in report.pending] + \
+        [["invalid", i["item"], i["reason"]] for i in report.invalid]
+    if details:
+        console.print(_table("items not imported", ["outcome", "item", "reason"], details))
+    if report.changed:
+        return f"{counts['imported']} record(s) imported into {scope}"
+    return "store unchanged: nothing new to import"

@@ -1,0 +1,327 @@
+"""Export a scope's current records to a JSON Lines file, and import such a file -- or the official
+MCP memory server's knowledge graph (``memory.json``) -- through capture and admission.
+
+Export (``admin export``) writes a header line, then one line per current record, in journal order:
+the record's id, state, digests, capture instant and cursor, the evidence digest its trust receipt
+names, and its payload (every field of a capture payload: components, citations, valid time,
+retention, reconciliation). Never a key, a key reference or a sealed body. Forgotten, expired,
+withdrawn, rejected and pending items are not records of the scope's present: none is written.
+
+Import (``admin import``) reads the whole file first (a malformed file changes nothing), then sends
+every item through the engine's own ``capture`` and ``request_admission`` with a host context of
+the scope, as an agent's memory would go: the admission policy decides (a secret is rejected,
+content forgotten in the scope waits for an operator). Idempotency keys are derived from each
+item's content, so importing a file twice changes nothing the second time; an item whose payload
+is already a current record of the scope is not captured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from engram_memory.models.canonical import canonical_bytes, canonical_text
+from engram_memory.models.context import HostContext
+from engram_memory.models.digests import payload_digest
+from engram_memory.models.errors import EngramError
+from engram_memory.models.states import RecordState
+from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input, to_plain
+from engram_memory.store.policy import secret_kind
+from engram_memory.store.refusals import AdminUsageError
+from engram_memory.store.secrets import find_secret
+
+EXPORT_FORMAT = "engram-memory-export"
+EXPORT_VERSION = 1
+GRAPH_FORMAT = "mcp-memory-graph"
+PAYLOAD_FIELDS = tuple(Payload.model_fields)  # what a record carries of its capture payload
+# The host context every import captures under: one principal, so its idempotency ledger entries
+# (keyed by scope and principal) make a second import of the same items a replay.
+IMPORT_PRINCIPAL = "admin-import"
+IMPORT_PURPOSE = "purpose:import"
+# A knowledge graph has no time: its items are valid from the epoch, a constant, so an item's
+# payload -- and the idempotency key derived from it -- is the same at every import.
+GRAPH_VALID_FROM = 0
+GRAPH_SOURCE = "memory-graph"
+MAX_LISTED = 200  # items named per outcome in a report (the counts are always whole)
+
+
+def import_context(scope_ref: str) -> HostContext:
+    from engram_memory.store.rebuild import scope_names
+
+    names = scope_names(scope_ref)
+    assert names is not None, scope_ref
+    tenant, workspace = names
+    return HostContext(tenant=tenant, workspace=workspace, principal=IMPORT_PRINCIPAL, agent_id=IMPORT_PRINCIPAL,
+                       purpose_ref=IMPORT_PURPOSE, session="admin-import")
+
+
+def _sha(data: str | bytes) -> str:
+    return "sha256:" + hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+
+
+# -- export -------------------------------------------------------------------------------------
+
+
+def export_lines(engine: Any, scope_ref: str, scope: str, now_instant: str) -> list[dict[str, Any]]:
+    """The header and one line per current record of the scope, oldest capture first."""
+    records = sorted(engine.live_records(scope_ref), key=lambda r: (int(r["recorded_cursor"]), r["record_id"]))
+    header = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "scope": scope, "exported_at": now_instant,
+              "records": len(records)}
+    return [header, *({
+        "record_id": r["record_id"],
+        "state": RecordState.ACCEPTED_CURRENT.value,
+        "record_digest": r["record_digest"],
+        "payload_digest": r["payload_digest"],
+        "recorded_at": r["recorded_at"],
+        "recorded_cursor": r["recorded_cursor"],
+        "evidence_digest": r["trust"]["evidence_digest"],
+        "payload": {name: r[name] for name in PAYLOAD_FIELDS if name in r},
+    } for r in records)]
+
+
+def write_lines(path: Path, lines: list[dict[str, Any]]) -> int:
+    """Write the lines (canonical JSON, one per line) to a new file, 0600: it holds memory content
+    in the clear. Written beside it and renamed, so a failure leaves no half file; returns its size."""
+    tmp = path.with_name(f".{path.name}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for line in lines:
+                out.write(canonical_bytes(line) + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.link(tmp, path)  # never replaces a file that appeared meanwhile
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.stat().st_size
+
+
+# -- reading an import file ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing to capture: where it came from (never its content) and its capture arguments,
+    or why it cannot be one (an item the contract refuses; the file itself is well formed)."""
+
+    label: str
+    args: dict[str, Any] | None = None
+    problem: str | None = None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AdminUsageError(f"{path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise AdminUsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except (ValueError, RecursionError):
+            raise AdminUsageError(f"{path} line {number} is not JSON (expected one JSON object per line)") from None
+
+
+def read_items(path: Path) -> tuple[str, list[Item]]:
+    """The file's format and its items, detected by content; raises AdminUsageError (naming the
+    first bad line) for a file that is neither format, before anything is imported."""
+    lines = list(_lines(path))
+    if not lines:
+        raise AdminUsageError(f"{path} holds no items")
+    first_number, first = lines[0]
+    if len(lines) == 1 and isinstance(first, dict) and ("entities" in first or "relations" in first) \
+            and "type" not in first:
+        return GRAPH_FORMAT, _graph_object(path, first)  # a whole graph, as read_graph answers it
+    if isinstance(first, dict) and "format" in first:
+        if first.get("format") != EXPORT_FORMAT or first.get("version") != EXPORT_VERSION:
+            raise AdminUsageError(f"{path} line {first_number}: not an {EXPORT_FORMAT} version {EXPORT_VERSION}"
+                                  " header")
+        return f"{EXPORT_FORMAT}/{EXPORT_VERSION}", [_export_item(path, n, obj) for n, obj in lines[1:]]
+    if isinstance(first, dict) and first.get("type") in ("entity", "relation"):
+        return GRAPH_FORMAT, [item for n, obj in lines for item in _graph_line(path, n, obj)]
+    raise AdminUsageError(f"{path} line {first_number}: neither an {EXPORT_FORMAT} header nor a memory graph"
+                          ' line ({"type": "entity"|"relation", ...})')
+
+
+def _export_item(path: Path, number: int, obj: Any) -> Item:
+    if not isinstance(obj, dict) or not isinstance(obj.get("payload"), dict):
+        raise AdminUsageError(f"{path} line {number}: not an exported record (an object with a payload)")
+    record_id = obj.get("record_id")
+    label = f"line {number}" + (f" ({record_id})" if isinstance(record_id, str) and len(record_id) < 128 else "")
+    if obj.get("state", RecordState.ACCEPTED_CURRENT.value) != RecordState.ACCEPTED_CURRENT.value:
+        return Item(label, problem="not a current record")
+    payload = obj["payload"]
+    evidence_digest = obj.get("evidence_digest")
+    if not isinstance(evidence_digest, str):
+        evidence_digest = _sha(canonical_text(payload))
+    primary = payload.get("primary_event")
+    citation = primary.get("citation_id") if isinstance(primary, dict) else None
+    evidence = {"evidence_ref": f"import:{EXPORT_FORMAT}" + (f":{record_id}" if isinstance(record_id, str) else ""),
+                "evidence_digest": evidence_digest, "citation_ids": [citation]}
+    return Item(label, {"payload": payload, "evidence": evidence})
+
+
+def _name(text: str) -> str:
+    """An entity name as a report shows it: withheld when it looks like a secret itself."""
+    return "(name withheld)" if find_secret(text) else repr(text[:80])
+
+
+def _graph_capture(text: str, type_ref: str, source_ref: str, evidence_of: dict[str, Any]) -> dict[str, Any]:
+    payload = {
+        "schema_version": 2,
+        "purpose_ref": IMPORT_PURPOSE,
+        "valid_time": {"t": GRAPH_VALID_FROM},
+        "components": [{"component_id": "c1", "kind": "context", "text": text, "citation_ids": ["s1"]}],
+        "primary_component_id": "c1",
+        "primary_event": {"at": GRAPH_VALID_FROM, "type_ref": type_ref, "citation_id": "s1"},
+        "citations": [{"citation_id": "s1", "source_ref": source_ref,
+                       "locator": {"scheme": GRAPH_SOURCE, "value": evidence_of["type"]},
+                       "content_digest": _sha(text)}],
+        "retention": {"derivative_rule": "make-ineligible"},
+        "reconciliation": {"family_refs": []},
+    }
+    evidence = {"evidence_ref": f"import:{GRAPH_SOURCE}", "evidence_digest": _sha(canonical_text(evidence_of)),
+                "citation_ids": ["s1"]}
+    return {"payload": payload, "evidence": evidence}
+
+
+def _strings(obj: dict[str, Any], names: tuple[str, ...]) -> bool:
+    return all(isinstance(obj.get(name), str) for name in names)
+
+
+def _graph_line(path: Path, number: int, obj: Any) -> list[Item]:
+    """An entity: one record per observation ("NAME (TYPE): OBSERVATION"), or one record
+    ("NAME (TYPE)") when it has none; a relation: one record "FROM RELATION TO"."""
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    if kind == "entity" and _strings(obj, ("name", "entityType")) and isinstance(obj.get("observations"), list) \
+            and all(isinstance(o, str) for o in obj["observations"]):
+        name, etype, observations = obj["name"], obj["entityType"], obj["observations"]
+        type_ref, source_ref = f"{GRAPH_SOURCE}:entity:{etype}", f"{GRAPH_SOURCE}:entity:{name}"
+        if not observations:
+            return [Item(f"line {number} entity {_name(name)}", _graph_capture(
+                f"{name} ({etype})", type_ref, source_ref, {"type": "entity", "name": name, "entityType": etype}))]
+        return [Item(f"line {number} entity {_name(name)} observation {k}", _graph_capture(
+            f"{name} ({etype}): {text}", type_ref, source_ref,
+            {"type": "entity", "name": name, "entityType": etype, "observation": text}))
+            for k, text in enumerate(observations, 1)]
+    if kind == "relation" and _strings(obj, ("from", "to", "relationType")):
+        a, rel, b = obj["from"], obj["relationType"], obj["to"]
+        return [Item(f"line {number} relation {_name(a)} -> {_name(b)}", _graph_capture(
+            f"{a} {rel} {b}", f"{GRAPH_SOURCE}:relation:{rel}", f"{GRAPH_SOURCE}:relation:{a}",
+            {"type": "relation", "from": a, "to": b, "relationType": rel}))]
+    raise AdminUsageError(f"{path} line {number}: not a memory graph entity (type, name, entityType, observations)"
+                          " or relation (type, from, to, relationType)")
+
+
+def _graph_object(path: Path, obj: dict[str, Any]) -> list[Item]:
+    entities, relations = obj.get("entities", []), obj.get("relations", [])
+    if not isinstance(entities, list) or not isinstance(relations, list):
+        raise AdminUsageError(f"{path}: a graph's entities and relations must be lists")
+    items = [i for e in entities for i in _graph_line(path, 1, {**e, "type": "entity"} if isinstance(e, dict) else e)]
+    return items + [i for r in relations
+                    for i in _graph_line(path, 1, {**r, "type": "relation"} if isinstance(r, dict) else r)]
+
+
+# -- importing ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportReport:
+    scope_ref: str
+    format: str
+    items: int = 0
+    imported: int = 0
+    already_present: int = 0
+    rejected: list[dict[str, str]] = field(default_factory=list)  # item, reason (the policy's code)
+    pending: list[dict[str, str]] = field(default_factory=list)  # item, candidate_id
+    invalid: list[dict[str, str]] = field(default_factory=list)  # item, reason (an error code and where)
+    record_ids: list[str] = field(default_factory=list)  # the records this import admitted
+    changed: bool = False  # whether anything was written to the store
+
+    def counts(self) -> dict[str, int]:
+        return {"items": self.items, "imported": self.imported, "already_present": self.already_present,
+                "rejected": len(self.rejected), "pending_adjudication": len(self.pending),
+                "invalid": len(self.invalid)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "counts": self.counts(), "store_changed": self.changed,
+                "rejected": self.rejected[:MAX_LISTED], "pending_adjudication": self.pending[:MAX_LISTED],
+                "invalid": self.invalid[:MAX_LISTED], "record_ids": self.record_ids}
+
+
+def _keyed(args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The capture arguments with their content-derived idempotency key, and the admission's key."""
+    digest = hashlib.sha256(canonical_bytes(args)).hexdigest()[:48]
+    return {"idempotency_key": f"import-capture-{digest}", **args}, f"import-admit-{digest}"
+
+
+def _refusal(exc: EngramError) -> str:
+    # The detail is the store's own wording or validation paths and kinds, never a value.
+    return f"{exc.code}: {exc.detail}" if exc.detail else exc.code
+
+
+def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
+                 advance: Callable[[], None] = lambda: None) -> ImportReport:
+    """Capture and request admission of every item, in file order, as the scope's import principal."""
+    report = ImportReport(scope_ref, fmt, items=len(items))
+    ctx = import_context(scope_ref)
+    present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
+    with engine.batch():
+        for item in items:
+            _import_one(engine, ctx, item, present, report)
+            advance()
+    return report
+
+
+def _import_one(engine: Any, ctx: HostContext, item: Item, present: set[str], report: ImportReport) -> None:
+    if item.args is None:
+        report.invalid.append({"item": item.label, "reason": item.problem or "invalid"})
+        return
+    try:
+        args, admit_key = _keyed(item.args)
+        capture = parse_input("capture", args)
+    except EngramError as exc:
+        report.invalid.append({"item": item.label, "reason": _refusal(exc)})
+        return
+    except (ValueError, TypeError, RecursionError, ValidationError) as exc:
+        report.invalid.append({"item": item.label, "reason": f"INVALID_SCHEMA: {type(exc).__name__}"})
+        return
+    assert isinstance(capture, CaptureInput)
+    plain = to_plain(capture)
+    # What the record's payload digest will be: the payload as captured (an export's carries its
+    # retention and reconciliation, a graph item's sets them), bound to the scope.
+    digest = payload_digest({**plain["payload"], "scope_ref": ctx.scope_ref})
+    if digest in present:
+        report.already_present += 1  # the same payload is a current record of the scope already
+        return
+    try:
+        captured = engine.capture(ctx, capture)
+        admitted = engine.request_admission(
+            ctx, RequestAdmissionInput(candidate_id=captured.candidate_id, idempotency_key=admit_key))
+    except EngramError as exc:  # the host policy's refusals (retention, families) and the like
+        report.invalid.append({"item": item.label, "reason": _refusal(exc)})
+        return
+    outcome = admitted.outcome
+    fresh = not admitted.replayed and outcome.status != "duplicate_exact"
+    report.changed = report.changed or captured.status == "committed_pending" or fresh
+    if outcome.status == "accepted" and fresh:
+        report.imported += 1
+        report.record_ids.append(str(outcome.record_id))
+        present.add(digest)
+    elif outcome.status in ("accepted", "duplicate_exact"):
+        report.already_present += 1
+    elif outcome.status == "rejected":
+        kind = secret_kind(plain["payload"], plain["evidence"])
+        report.rejected.append({"item": item.label, "reason": f"secret:{kind}" if kind else "rejected"})
+    else:
+        report.pending.append({"item": item.label, "candidate_id": outcome.candidate_id})
