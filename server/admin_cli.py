@@ -761,3 +761,7 @@ def migrate_cmd(
          *[[f"rows {t}", n] for t, n in report.rows.items()], ["data keys re-wrapped", report.data_keys],
          ["unreferenced key files (not copied)", report.unreferenced_keys],
          ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"]]))
+
+
+# Commands in their own modules register on admin_app when imported (after everything above).
+from engram_memory.server import admin_explain  # noqa: E402,F401
