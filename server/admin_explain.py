@@ -168,10 +168,8 @@ def check_receipt_cmd(
         if query is not None or "query" in parsed.arguments:
             arguments = given_arguments(parsed, **_given(query, purpose_ref, limit, max_packet_bytes,
                                                           minimum_channels))
-    problems = check_receipt(parsed, arguments)
-    r = parsed.rank_receipt
-    checked = ["receipt_digest"] + (["response_digest", "records"] if parsed.value is not None else []) \
-        + (["request_digest"] if arguments is not None else [])
+    result = check_receipt(parsed, arguments)
+    problems, checked, r = result.problems, result.checked, parsed.rank_receipt
     data = {"consistent": not problems, "problems": problems, "checked": checked,
             "receipt_digest": r["receipt_digest"], "system_as_of": r["system_as_of"], "ranked": len(r["ranked"])}
     if problems:

@@ -107,8 +107,9 @@ def parse_receipt(doc: Any, where: str = "the receipt") -> Receipt:
 def given_arguments(receipt: Receipt, **given: Any) -> dict[str, Any]:
     """The search's arguments (the file's, then the options given), validated like the tool's
     input, every default filled in; the page_cursor is dropped (explain pins its own page)."""
-    args = {k: v for k, v in receipt.arguments.items() if k != "page_cursor"}
+    args = dict(receipt.arguments)
     args.update({k: v for k, v in given.items() if v is not None})
+    args.pop("page_cursor", None)
     if "query" not in args:
         raise AdminUsageError("the receipt does not carry the query: give it with --query TEXT")
     if "purpose_ref" not in args:
@@ -132,9 +133,16 @@ def search_arguments(receipt: Receipt, **given: Any) -> dict[str, Any]:
 # -- the store-less check --------------------------------------------------------------------------
 
 
-def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) -> list[str]:
-    """What in the receipt disagrees with its own content: one line per field, naming it."""
+@dataclass(frozen=True)
+class ReceiptCheck:
+    checked: list[str]  # the fields recomputed from the receipt's content
+    problems: list[str]  # one line per field that disagrees, naming it
+
+
+def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) -> ReceiptCheck:
+    """Recompute what the receipt's own content determines; name each field that disagrees."""
     r, problems = receipt.rank_receipt, []
+    checked = ["receipt_digest", "ranks"] + (["request_digest"] if arguments is not None else [])
     if receipt_digest("rank-receipt", r) != r["receipt_digest"]:
         problems.append("rank_receipt.receipt_digest does not digest the receipt's content")
     if arguments is not None and search_request_digest(arguments, r["profile"]) != r["request_digest"]:
@@ -156,17 +164,24 @@ def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) 
         for (_, s1, _), (_, s2, i2) in zip(by_rank, by_rank[1:], strict=False):
             if s2 < s1:  # a channel ranks by its own score, highest first
                 problems.append(f"rank_receipt.ranked[{i2}].{channel}: its score is above a better-ranked entry's")
-    whole = start == 1 and receipt.value is not None and "next_page_cursor" not in receipt.value
-    if whole:  # the page shows the whole ranking: its ids are the ordered ids
+    # The page shows the whole ranking when it starts it and nothing follows (no next page, or
+    # every candidate ranked): then its ids are the ordered ids.
+    whole = start == 1 and (r.get("candidate_count") == len(ranked) if receipt.value is None
+                            else "next_page_cursor" not in receipt.value)
+    if whole:
+        checked.append("ordered_ids_digest")
         ids = [e.get("record_id") for e in ranked]
         if receipt_digest("recall-ordered", {"ordered_ids": ids}) != r["ordered_ids_digest"]:
             problems.append("rank_receipt.ordered_ids_digest does not digest the ranked record ids")
+        if r.get("candidate_count") == len(ids):
+            checked.append("candidate_ids_digest")
         if r.get("candidate_count") == len(ids) and receipt_digest(
                 "recall-candidates", {"candidate_ids": sorted(ids)}) != r["candidate_ids_digest"]:
             problems.append("rank_receipt.candidate_ids_digest does not digest the ranked record ids")
     if receipt.value is not None:
+        checked += ["records", "response_digest"]
         problems += _check_value(receipt.value, ranked)
-    return problems
+    return ReceiptCheck(checked, problems)
 
 
 def _check_value(value: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:
@@ -175,7 +190,10 @@ def _check_value(value: dict[str, Any], ranked: list[dict[str, Any]]) -> list[st
     if len(records) != len(ranked):
         problems.append(f"records: {len(records)} packets for {len(ranked)} ranked entries")
     for i, (packet, entry) in enumerate(zip(records, ranked, strict=False)):
-        for key in ("record_id", "rank", "score"):
+        record = packet.get("record") if isinstance(packet.get("record"), dict) else {}
+        if record.get("record_id") != entry.get("record_id"):
+            problems.append(f"records[{i}].record.record_id is not rank_receipt.ranked[{i}].record_id")
+        for key in ("rank", "score"):
             if packet.get(key) != entry.get(key):
                 problems.append(f"records[{i}].{key} is not rank_receipt.ranked[{i}].{key}")
     digest = value.get("response_digest")
