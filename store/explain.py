@@ -281,6 +281,9 @@ def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_r
     if "model_id" in semantic or receipt.rank_receipt["profile"] == HYBRID:
         from engram_memory.retrieval.embedder import shared_embedder
 
+        # The runtime the receipt names ("torch-2.13.0", "onnxruntime-..."), else the given one.
+        if str(semantic.get("model_runtime", "")).startswith("torch"):
+            runtime = "torch"
         embedder = shared_embedder(model_path, None, runtime)
     return explain_with(engine, receipt, arguments, scope_ref, embedder)
 

@@ -225,6 +225,12 @@ def test_operator_mistakes_are_one_line(lexical_store: tuple[Path, list[str], di
         proc = admin(["explain", "--data-dir", str(data_dir), "--receipt", str(whole), *args])
         assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
         assert proc.stderr.startswith("engram-memory: error: " + start) and proc.stderr.count("\n") == 1
+    # check-receipt takes the query as one more thing to check: a wrong one is a field that differs.
+    lines = mismatch(admin(["check-receipt", "--receipt", str(whole), "--query", "not the query",
+                            "--purpose-ref", PURPOSE]))
+    assert lines == ["rank_receipt.request_digest does not digest the query and its arguments"]
+    assert admin(["check-receipt", "--receipt", str(whole), "--query", "journal", "--purpose-ref",
+                  PURPOSE]).returncode == 0
     junk = write(tmp_path / "junk.json", {"records": []})
     for command in (explain_args(data_dir, junk), ["check-receipt", "--receipt", str(junk)]):
         proc = admin(command)
