@@ -139,7 +139,8 @@ def explain_cmd(
     Console(width=None if sys.stdout.isatty() else 200).print(_table(
         f"receipt re-derived in {_pair(result.scope_ref)} as of cursor {result.cursor}: it matches",
         ["rank", "record_id", "score", "re-derived"],
-        [[row["rank"], _short(row["record_id"], 24), row["score"], row["rederived_score"]] for row in result.rows]))
+        [[row["rank"], _short(row["record_id"], 24), row["score"], row["rederived_score"]] for row in result.rows]
+        or [["", "(no record ranked)", "", ""]]))
 
 
 @admin_app.command("check-receipt")

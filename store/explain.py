@@ -407,10 +407,9 @@ def _compare(receipt: Receipt, value: dict[str, Any], out: Explanation) -> None:
         a = mine["ranked"][i] if i < len(mine["ranked"]) else None
         b = got[i] if i < len(got) else None
         rank = (a or b or {}).get("rank")
-        out.rows.append({"rank": rank, "record_id": (a or {}).get("record_id"),
-                         "rederived_record_id": (b or {}).get("record_id"),
-                         "score": (a or {}).get("score"), "rederived_score": (b or {}).get("score"),
-                         "matched": a == b})
+        row = {"rank": rank, "record_id": (a or {}).get("record_id"), "rederived_record_id": (b or {}).get("record_id"),
+               "score": (a or {}).get("score"), "rederived_score": (b or {}).get("score"), "matched": a == b}
+        out.rows.append({k: v for k, v in row.items() if v is not None})  # a side that has no such rank: absent
         if a is None or b is None:
             diffs.append(f"rank {rank}: receipt {a['record_id'] if a else '(none)'},"
                          f" re-derived {b['record_id'] if b else '(none)'}")

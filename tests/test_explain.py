@@ -25,7 +25,7 @@ from engram_memory.models.digests import receipt_digest
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
 from engram_memory.store.explain import check_receipt, explain_with, parse_receipt, search_arguments
-from tests.conftest import CONTEXT, REPO, store_backend
+from tests.conftest import CONTEXT, REPO, Backend, store_backend
 from tests.store_fixtures import PURPOSE, T0, call, capture_args, ctx, forget_args
 from tests.test_golden_transcript import CLOCK_A_MS, CLOCK_B_MS, GOLDEN, PAGER, _align_floats
 
@@ -131,19 +131,23 @@ def replay(engine: Engine, segment: str, cursors: dict[str, str], values: dict[s
     return explainedn
 
 
-def test_golden_transcript_receipts_rederive(tmp_path: Path) -> None:
-    """Every search receipt of the golden transcript re-derives exactly from the store as of its cursor."""
+def test_golden_transcript_receipts_rederive(tmp_path: Path, backend: Backend) -> None:
+    """Every search receipt of the golden transcript re-derives exactly from the store as of its
+    cursor, on each store backend (the golden's bytes are the same on both)."""
     data_dir = tmp_path / "data"
+    where = ["--data-dir", str(data_dir)] if backend.store is None else \
+        ["--store", backend.store, "--master-key-file", str(backend.master_key_file)]
+    store = {"store": backend.store, "master_key_file": backend.master_key_file}
     cursors: dict[str, str] = {}
     values: dict[str, dict[str, Any]] = {}
-    engine = Engine.open(EngineSettings(data_dir=data_dir), clock=lambda: CLOCK_A_MS)
+    engine = Engine.open(EngineSettings(data_dir=data_dir, **store), clock=lambda: CLOCK_A_MS)
     try:
         assert engine.wait_semantic(300), "the packaged embedding model did not load"
         done = replay(engine, "A", cursors, values)
         records = {e["record_id"] for v in values.values() for e in v["value"]["rank_receipt"]["ranked"]}
     finally:
         engine.close()
-    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False), clock=lambda: CLOCK_B_MS)
+    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False, **store), clock=lambda: CLOCK_B_MS)
     try:
         done += replay(engine, "B", cursors, values)
     finally:
@@ -154,12 +158,12 @@ def test_golden_transcript_receipts_rederive(tmp_path: Path) -> None:
 
     # The real CLI on the closed store: the last receipt matches; one from before the forget cannot
     # be re-derived any more, and says which record is gone -- by id, never its content.
-    last = admin(["explain", "--data-dir", str(data_dir), "--receipt",
+    last = admin(["explain", *where, "--receipt",
                   str(write(tmp_path / "b.json", values["B.search.lexical"])), "--json"])
     assert last.returncode == 0, (last.stdout, last.stderr)
     assert explained(last)["matched"] is True
     early = values["A.search.default_policy"]
-    proc = admin(["explain", "--data-dir", str(data_dir), "--receipt", str(write(tmp_path / "a.json", early))])
+    proc = admin(["explain", *where, "--receipt", str(write(tmp_path / "a.json", early))])
     lines = mismatch(proc)
     gone = [line for line in lines if "has been forgotten since" in line]
     assert len(gone) == 1 and gone[0].startswith("record mem_"), lines
