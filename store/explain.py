@@ -278,20 +278,25 @@ def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_r
         raise AdminUsageError(f"the store has no scope {scope_ref}")
     embedder = None
     semantic = next(c for c in receipt.rank_receipt["channels"] if c.get("channel") == "semantic")
-    if "model_id" in semantic or receipt.rank_receipt["profile"] == HYBRID:
+    if receipt.rank_receipt["profile"] == HYBRID:  # the query is embedded: the model is loaded
         from engram_memory.retrieval.embedder import shared_embedder
 
         # The runtime the receipt names ("torch-2.13.0", "onnxruntime-..."), else the given one.
         if str(semantic.get("model_runtime", "")).startswith("torch"):
             runtime = "torch"
         embedder = shared_embedder(model_path, None, runtime)
+    elif "model_id" in semantic:  # named only (it was loading): its identity comes from the files
+        from engram_memory.retrieval.embedder import Embedder
+
+        embedder = Embedder(model_path, None, runtime)
     return explain_with(engine, receipt, arguments, scope_ref, embedder)
 
 
 def explain_with(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_ref: str,
                  embedder: Any = None) -> Explanation:
     """Re-derive ``receipt`` on an open engine (its store, its settings); ``embedder`` encodes the
-    query when the receipt's semantic channel ranked, and names the model when the receipt does."""
+    query when the receipt's semantic channel ranked (it is waited for), and names the model when
+    the receipt does."""
     r = receipt.rank_receipt
     cursor = int(r["system_as_of"])
     out = Explanation(scope_ref, cursor)
@@ -308,8 +313,11 @@ def explain_with(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope
         return out
     semantic = next(c for c in r["channels"] if c["channel"] == "semantic")
     ranked_semantically = r["profile"] == HYBRID
-    if ("model_id" in semantic or ranked_semantically) and (embedder is None or not embedder.wait(600)):
-        out.differences.append("the receipt names an embedding model, and none could be loaded here")
+    if ("model_id" in semantic or ranked_semantically) and embedder is None:
+        out.differences.append("the receipt names an embedding model, and none is configured here")
+        return out
+    if ranked_semantically and not embedder.wait(600):
+        out.differences.append("the receipt's semantic channel ranked, and the embedding model could not be loaded")
         return out
     with tempfile.TemporaryDirectory(prefix="engram-explain-") as tmp:
         projections = Projections(Path(tmp), dim=engine.projections.dim,

@@ -24,7 +24,7 @@ from engram_memory.models.context import HostContext
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
-from engram_memory.store.explain import check_receipt, explain_with, parse_receipt, search_arguments
+from engram_memory.store.explain import check_receipt, explain_on, explain_with, parse_receipt, search_arguments
 from tests.conftest import CONTEXT, REPO, Backend, store_backend
 from tests.store_fixtures import PURPOSE, T0, call, capture_args, ctx, forget_args
 from tests.test_golden_transcript import CLOCK_A_MS, CLOCK_B_MS, GOLDEN, PAGER, _align_floats
@@ -354,3 +354,22 @@ def test_postgres_receipt_rederives(request: pytest.FixtureRequest, tmp_path: Pa
         forged = write(tmp_path / "forged.json", tampered(value, "score"))
         base[base.index("--receipt") + 1] = str(forged)
         assert any(line.startswith("rank 1 score: receipt ") for line in mismatch(admin(base)))
+
+
+def test_a_lexical_receipt_naming_the_model_rederives_without_embedding(tmp_path: Path) -> None:
+    """A host that ranks lexically with a model configured names the model in the receipt: explain
+    names it again from the model's files (no query is embedded), and a store without it differs."""
+    engine = Engine.open(EngineSettings(data_dir=tmp_path / "data", channels=("lexical",)), clock=lambda: T0)
+    try:
+        admit(engine, TEXTS)
+        value = search(engine)
+        semantic = value["rank_receipt"]["channels"][1]
+        assert value["rank_receipt"]["profile"] == "lexical_v1" and "model_digest" in semantic, semantic
+        receipt = parse_receipt(value)
+        arguments = search_arguments(receipt, query="journal", purpose_ref=PURPOSE)
+        result = explain_on(engine, receipt, arguments, None)
+        assert result.matched, result.differences
+        without = explain_with(engine, receipt, arguments, result.scope_ref, None)
+        assert without.differences == ["the receipt names an embedding model, and none is configured here"]
+    finally:
+        engine.close()
