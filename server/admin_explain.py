@@ -60,6 +60,22 @@ def _given(query: str | None, purpose_ref: str | None, limit: int | None, max_pa
     return given
 
 
+def _settings(config: Path | None, model_path: Path | None, **where: Any) -> Any:
+    """The engine settings the server ranked with (its config file and ENGRAM_* variables, as serve
+    reads them), on the store named here, without loading the model (explain loads it if needed)."""
+    from engram_memory.models.settings import EngineSettings
+    from engram_memory.server.config import ConfigError, load_config
+
+    try:
+        engine = load_config({}, config).engine_settings().model_dump()
+        engine.update(where, semantic=False)
+        if model_path is not None:
+            engine["model_path"] = model_path
+        return EngineSettings.model_validate(engine)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _differ(json_out: bool, data: dict[str, Any], lines: list[str], what: str) -> typer.Exit:
     """Exit 1: the differences, one line each (stdout; --json: in the document), then the code."""
     if json_out:
@@ -81,8 +97,11 @@ def explain_cmd(
     limit: Limit = None,
     max_packet_bytes: MaxPacketBytes = None,
     minimum_channels: MinimumChannels = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="The server's TOML config file: the ranking settings it used (fusion, floor, rerank,"
+        " model, ...). ENGRAM_* variables apply as for serve.")] = None,
     model_path: Annotated[Path | None, typer.Option("--model-path", help="The embedding model the server used"
-                                                    " (default: the packaged one).")] = None,
+                                                    " (default: the config's, else the packaged one).")] = None,
     store: PgStore = None,
     master_key_file: PgKeyFile = None,
     json_out: JsonOut = False,
@@ -108,23 +127,30 @@ def explain_cmd(
     with _outcomes():
         parsed = read_receipt(receipt)
         arguments = search_arguments(parsed, **_given(query, purpose_ref, limit, max_packet_bytes, minimum_channels))
+    from engram_memory.store.engine import Engine
+
     if pg is not None:
         assert pg.key_file is not None
-        from engram_memory.store.postgres.admin import admin_engine
+        import tempfile
 
-        with _pg_outcomes(), _busy("re-deriving the ranking"), admin_engine(pg.url, pg.key_file) as engine:
-            result = explain_on(engine, parsed, arguments, scope_ref, model_path)
+        with _pg_outcomes(), _busy("re-deriving the ranking"), \
+                tempfile.TemporaryDirectory(prefix="engram-explain-") as node:
+            # An admin node of its own (as store/postgres/admin.py's), with the server's settings.
+            engine = Engine.open(_settings(config, model_path, data_dir=Path(node), store=pg.url,
+                                           master_key_file=pg.key_file))
+            try:
+                result = explain_on(engine, parsed, arguments, scope_ref)
+            finally:
+                engine.close()
     else:
-        from engram_memory.models.settings import EngineSettings
-        from engram_memory.store.engine import Engine
-
         target = _target(data_dir)
+        settings = _settings(config, model_path, data_dir=target, store=None, master_key_file=None)
         with _outcomes():
             _closed_store(target, scope_ref)
             with _busy("re-deriving the ranking"):
-                engine = Engine.open(EngineSettings(data_dir=target, semantic=False))
+                engine = Engine.open(settings)
                 try:
-                    result = explain_on(engine, parsed, arguments, scope_ref, model_path)
+                    result = explain_on(engine, parsed, arguments, scope_ref)
                 finally:
                     engine.close()
     data = {**result.as_dict(), "scope": _pair(result.scope_ref)}

@@ -265,10 +265,10 @@ def stored_vectors(engine: Any, ids: list[str], model_digest: str | None) -> tup
     return out_ids, (np.vstack(rows) if rows else np.zeros((0, engine.projections.dim), np.float32))
 
 
-def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_ref: str | None,
-               model_path: Path | None = None, runtime: str = "onnx") -> Explanation:
+def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_ref: str | None) -> Explanation:
     """``explain_with`` on an engine an admin command opened (without the model): the scope named
-    or inferred, and the embedding model loaded only when the receipt names one."""
+    or inferred; the settings' embedding model loaded only when the receipt's semantic channel
+    ranked, and named from its files when the receipt names it without having ranked with it."""
     if scope_ref is None:
         scope_ref = infer_scope(engine, receipt)
         if scope_ref is None:
@@ -277,6 +277,7 @@ def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_r
     elif scope_ref not in engine.scopes():
         raise AdminUsageError(f"the store has no scope {scope_ref}")
     embedder = None
+    model_path, runtime = engine.config.model_path, engine.config.embedder_runtime
     semantic = next(c for c in receipt.rank_receipt["channels"] if c.get("channel") == "semantic")
     if receipt.rank_receipt["profile"] == HYBRID:  # the query is embedded: the model is loaded
         from engram_memory.retrieval.embedder import shared_embedder

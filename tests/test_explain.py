@@ -373,3 +373,27 @@ def test_a_lexical_receipt_naming_the_model_rederives_without_embedding(tmp_path
         assert without.differences == ["the receipt names an embedding model, and none is configured here"]
     finally:
         engine.close()
+
+
+def test_the_servers_settings_come_from_its_config(tmp_path: Path) -> None:
+    """A server that ranked without the rerank stage: explain with its config file matches; with the
+    defaults it differs, and says where (the fusion the receipt names, and the profile digest)."""
+    data_dir = tmp_path / "data"
+    engine = open_lexical(data_dir, rerank=False)
+    try:
+        admit(engine, TEXTS)
+        value = search(engine)
+    finally:
+        engine.close()
+    assert "rerank" not in value["rank_receipt"]["fusion"]
+    receipt = write(tmp_path / "value.json", value)
+    lines = mismatch(admin(explain_args(data_dir, receipt)))
+    assert any(line.startswith("fusion: ") for line in lines) and \
+        any(line.startswith("profile_config_digest: ") for line in lines), lines
+    config = tmp_path / "serve.toml"
+    config.write_text("rerank = false\n", encoding="utf-8")
+    proc = admin(explain_args(data_dir, receipt, "--config", str(config)))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    config.write_text("rerank = 3\n", encoding="utf-8")
+    proc = admin(explain_args(data_dir, receipt, "--config", str(config)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
