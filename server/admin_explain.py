@@ -63,6 +63,8 @@ def _given(query: str | None, purpose_ref: str | None, limit: int | None, max_pa
 def _settings(config: Path | None, model_path: Path | None, **where: Any) -> Any:
     """The engine settings the server ranked with (its config file and ENGRAM_* variables, as serve
     reads them), on the store named here, without loading the model (explain loads it if needed)."""
+    from pydantic import ValidationError
+
     from engram_memory.models.settings import EngineSettings
     from engram_memory.server.config import ConfigError, load_config
 
@@ -74,6 +76,9 @@ def _settings(config: Path | None, model_path: Path | None, **where: Any) -> Any
         return EngineSettings.model_validate(engine)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
+    except ValidationError as exc:
+        raise _fail(f"these settings do not validate: {exc.errors(include_url=False, include_input=False)[0]['msg']}"
+                    ) from None
 
 
 def _differ(json_out: bool, data: dict[str, Any], lines: list[str], what: str) -> typer.Exit:
