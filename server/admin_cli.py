@@ -762,4 +762,6 @@ def migrate_cmd(
          ["unreferenced key files (not copied)", report.unreferenced_keys],
          ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"]]))
 
-from engram_memory.server import admin_transfer  # noqa: E402,F401  (admin export, admin import)
+# Commands in their own modules register on admin_app when imported (after everything above).
+# admin explain, admin check-receipt; admin export, admin import
+from engram_memory.server import admin_explain, admin_transfer  # noqa: E402,F401

@@ -7,7 +7,7 @@ lock, so reads run together and each sees one cursor; nothing here writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,17 @@ from engram_memory.store.authz import authorization_receipt
 from engram_memory.store.lifecycle import event_type, primary_text
 from engram_memory.store.live import ScopeView, ScopeViews
 from engram_memory.store.timeutil import to_instant
+
+
+def search_request_digest(args: Mapping[str, Any], profile: str) -> str:
+    """The rank receipt's request_digest: what was asked (the query and its bounds), under which
+    profile (a capability_policy's network "allow" grants nothing, but it is part of the ask)."""
+    return receipt_digest(
+        "recall-request",
+        {"query": args["query"], "purpose_ref": args["purpose_ref"], "profile": profile, "limit": args["limit"],
+         "max_packet_bytes": args["max_packet_bytes"], "capability_policy": args["capability_policy"]},
+        "request_digest",
+    )
 
 
 @dataclass(frozen=True)
@@ -75,17 +86,11 @@ class ReadPath:
         scope = ctx.scope_ref
         view = self.view(scope)
         # ``args`` is the input model's plain form: every default is already filled in.
-        policy = args["capability_policy"]  # network "allow" grants nothing
         semantic = plan.semantic
         profile = "hybrid_v1" if semantic else "lexical_v1"
         limit = args["limit"]
         max_packet_bytes = args["max_packet_bytes"]
-        request_digest = receipt_digest(
-            "recall-request",
-            {"query": args["query"], "purpose_ref": args["purpose_ref"], "profile": profile, "limit": limit,
-             "max_packet_bytes": max_packet_bytes, "capability_policy": policy},
-            "request_digest",
-        )
+        request_digest = search_request_digest(args, profile)
         system_as_of = str(view.projection_cursor)
         valid_as_of, offset = now, 0
         pin = None

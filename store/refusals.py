@@ -12,6 +12,7 @@ JOURNAL_CORRUPT = "JOURNAL_CORRUPT"  # a scope's hash chain, cursors or heads do
 STORE_INCONSISTENT = "STORE_INCONSISTENT"  # the journal verifies, but rows, keys, digests or projections disagree
 STORE_BUSY = "STORE_BUSY"  # another process holds the data dir and the command is not safe alongside it
 NOT_ADJUDICABLE = "NOT_ADJUDICABLE"  # the candidate is not awaiting an operator's decision
+RECEIPT_MISMATCH = "RECEIPT_MISMATCH"  # a receipt does not re-derive from the store, or disagrees with itself
 
 
 class AdminRefusal(Exception):
