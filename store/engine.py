@@ -55,6 +55,7 @@ from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.opening import open_store
+from engram_memory.store.projector import Projector
 from engram_memory.store.reads import ReadPath, SearchPlan
 from engram_memory.store.rwlock import RWLock
 from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_instant
@@ -109,6 +110,9 @@ class Engine:
         self._stale: set[str] = set()  # scopes whose projections must be rebuilt before use
         self._pending: set[str] = set()  # scopes with a withdraw/forget answer still "pending"
         self._closed = False
+        # Admissions' projection updates, grouped (store/projector.py); a shared store's nodes
+        # project from the journal instead (Engine._sync).
+        self._projector = None if db.shared else Projector(self)
         self._semantic_done = threading.Event()  # ready: model loaded and backfill complete
         self._semantic_settled = threading.Event()  # ready, or given up (model missing/broken)
         self.embedder = None
@@ -148,6 +152,8 @@ class Engine:
 
     def close(self) -> None:
         with self._rw.write():
+            if self._projector is not None and not self._closed:
+                self._projector.close()  # what waits is projected: a clean stop leaves nothing to rebuild
             self._closed = True
             self._views.clear()
             self.audit.close()
@@ -221,10 +227,23 @@ class Engine:
 
     def embedding_count(self, record_id: str | None = None) -> int:
         """Stored embeddings (of one record, or of the whole store)."""
+        self.settle()
         return self.db.embedding_count(record_id)
+
+    def settle(self, scope_ref: str | None = None) -> None:
+        """Apply the projection updates admissions left waiting (store/projector.py), now."""
+        if self._projector is not None and self._projector.waiting(scope_ref):
+            with self._rw.write():
+                self._settle_locked(scope_ref)
+
+    def _settle_locked(self, scope_ref: str | None = None) -> None:
+        """The same, for a caller that holds the write lock (before it touches a projection)."""
+        if self._projector is not None:
+            self._projector.settle(scope_ref)
 
     def rebuild_scope(self, scope_ref: str) -> None:
         with self._rw.write():
+            self._settle_locked(scope_ref)
             # The cursor first: on a shared store other nodes may commit while the records are
             # read, and the next sync re-applies what came after it (upserts and deletes are
             # idempotent).
@@ -391,10 +410,12 @@ class Engine:
         """Before a read: rebuild a stale scope, load its view, run a due expiry sweep (writes).
         On a shared store, first bring the scope level with what other nodes committed."""
         behind = self.db.shared and self._applied(scope_ref) != self.db.projection_cursor(scope_ref)
-        if not behind and scope_ref not in self._stale and scope_ref not in self._pending \
+        waiting = self._projector is not None and self._projector.waiting(scope_ref)
+        if not behind and not waiting and scope_ref not in self._stale and scope_ref not in self._pending \
                 and self._views.get(scope_ref) is not None and not self._views.expiry_due(scope_ref, now):
             return
         with self._rw.write():
+            self._settle_locked(scope_ref)  # read-your-writes: what was admitted is projected first
             self._fresh(scope_ref)
             self._view(scope_ref)
             if self._views.expiry_due(scope_ref, now):
@@ -427,9 +448,12 @@ class Engine:
             log.info("completed %d pending withdraw/forget answer(s)", done)
 
     @contextmanager
-    def _writing(self, scope_ref: str) -> Iterator[None]:
-        """The write side; a failure drops the scope's view so the next read reloads it."""
+    def _writing(self, scope_ref: str, settle: bool = True) -> Iterator[None]:
+        """The write side; a failure drops the scope's view so the next read reloads it. A
+        mutation that may touch a projection first applies the admissions waiting for it."""
         with self._rw.write():
+            if settle:
+                self._settle_locked(scope_ref)
             try:
                 yield
             except BaseException:
@@ -439,11 +463,11 @@ class Engine:
     # -- the six operations --------------------------------------------------------------
 
     def capture(self, ctx: HostContext, args: CaptureInput) -> CaptureValue:
-        with self._writing(ctx.scope_ref):
+        with self._writing(ctx.scope_ref, settle=False):
             return CaptureValue.model_validate(self.lifecycle.capture(ctx, to_plain(args), self.clock()))
 
     def request_admission(self, ctx: HostContext, args: RequestAdmissionInput) -> RequestAdmissionValue:
-        with self._writing(ctx.scope_ref):
+        with self._writing(ctx.scope_ref, settle=False):
             self._fresh(ctx.scope_ref)
             value, admitted = self.lifecycle.request_admission(ctx, to_plain(args), self.clock())
             if admitted is not None and self.db.shared:
@@ -458,6 +482,8 @@ class Engine:
                     records = self._batch.get(admitted.scope_ref, ([], 0))[0]
                     records.append(record)
                     self._batch[admitted.scope_ref] = (records, admitted.cursor)
+                elif self._projector is not None:
+                    self._projector.add(admitted.scope_ref, record, admitted.cursor)
                 else:
                     self._project_admitted(admitted.scope_ref, [record], admitted.cursor)
             return RequestAdmissionValue.model_validate(value)
@@ -467,6 +493,7 @@ class Engine:
         """Bulk ingestion (eval, imports): each mutation is still its own transaction, but the
         projection updates of admitted records are applied once, together, at the end."""
         with self._rw.write():
+            self._settle_locked()
             self._batch = {}
             try:
                 yield
@@ -478,12 +505,24 @@ class Engine:
                     else:
                         self._project_admitted(scope_ref, records, cursor)
 
-    def _project_admitted(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+    def _project_admitted(self, scope_ref: str, records: list[dict[str, Any]], cursor: int,
+                          vectors: dict[str, np.ndarray] | None = None) -> None:
+        """Index admitted records in both channels (``vectors``: encoded already, by record id)."""
         docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
         self.projections.add_lexical(scope_ref, docs, cursor)
         if self.semantic_ready():
             for start in range(0, len(records), 256):
-                self._embed_and_store(scope_ref, records[start:start + 256], cursor)
+                chunk = records[start:start + 256]
+                given = None
+                if vectors is not None and all(r["record_id"] in vectors for r in chunk):
+                    given = np.vstack([vectors[r["record_id"]] for r in chunk])
+                self._embed_and_store(scope_ref, chunk, cursor, given)
+
+    def _encode_for_projection(self, records: list[dict[str, Any]]) -> np.ndarray | None:
+        """The projector's encoding, outside the lock (None: the semantic channel is not ready)."""
+        if self.embedder is None or not self.semantic_ready():
+            return None
+        return self.embedder.encode([embedding_text(r) for r in records])
 
     def withdraw(self, ctx: HostContext, args: WithdrawInput) -> WithdrawValue:
         with self._writing(ctx.scope_ref):

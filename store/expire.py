@@ -29,6 +29,7 @@ def expire_with(engine: Any, scope_ref: str | None, now: int) -> dict[str, list[
     they catch up from the journal (each expire event moves the scope's projection cursor)."""
     out: dict[str, list[str]] = {}
     with engine._rw.write():  # the engine's write lock: one writer, as every mutation
+        engine._settle_locked(scope_ref)  # admissions waiting for their projections go in first
         for scope in [scope_ref] if scope_ref else engine.scopes():
             # On PostgreSQL each scope's expiry is one transaction under the scope's lock: a node
             # expiring the same records at once journals them once (Lifecycle.expire_due re-reads).

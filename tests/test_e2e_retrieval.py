@@ -403,11 +403,13 @@ async def test_forget_purges_the_marker_from_every_projection_file(start_server,
     async with start_server(data_dir, human=human, extra=LEXICAL_ONLY, backend=backend) as mcp:
         record_id = await admit(mcp, f"The {marker} cache warms the index before the first query.")
         keep_id = await admit(mcp, f"The {control} pool drains connections on shutdown.")
-        # Projection files are not DuckDB: readable while the server runs. Tantivy keeps the text.
+        # A search projects the admissions waiting for it (they are applied in groups), so the
+        # files hold both records now. Projection files are not DuckDB: readable while the server
+        # runs. Tantivy keeps the text.
+        assert ids_of(await mcp.call("search", search_args(marker))) == [record_id]
         before = files_containing(projections, marker.encode())
         assert before, "the marker is not in any projection file even before forget"
         assert files_containing(projections, control.encode())
-        assert ids_of(await mcp.call("search", search_args(marker))) == [record_id]
 
         forgot = await mcp.call("forget", {"record_id": record_id, "idempotency_key": key("forget"),
                                            "reason_ref": "reason:obsolete"})

@@ -120,6 +120,7 @@ def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int)
     kind = "exact" if hnsw_threshold > len(DOCS) else "hnsw"
     assert engine.projections.vectors(ctx().scope_ref).kind == kind
     try:
+        engine.settle()  # admissions are projected in groups: embedded and on disk now
         stored = engine.stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
         engine.projections.vectors(ctx().scope_ref).save()  # saves are batched: put the bytes on disk

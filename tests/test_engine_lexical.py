@@ -182,6 +182,7 @@ def test_forget_purges_lexical_projection(tmp_path: Path) -> None:
     try:
         rid = admit(engine, "The zqxjkvorbital marker deployment decision.", 0)
         admit(engine, "Another record that stays.", 1)
+        engine.settle()  # admissions are projected in groups: put them on disk before looking
         assert b"zqxjkvorbit" in _projection_bytes(tmp_path / "d")
         out = call(engine, "forget", ctx(), forget_args(rid))
         validate_output("forget", out)

@@ -73,6 +73,10 @@ def admit(engine: Engine, texts: list[str]) -> list[str]:
         out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
         assert out["outcome"]["status"] == "accepted", out
         ids.append(out["outcome"]["record_id"])
+        # Admissions are projected in groups; one at a time here, so each record has a Tantivy
+        # segment of its own, whose doc store holds its text uncompressed by its neighbours' --
+        # what lets each scan first find the content it then proves gone.
+        engine.settle()
     return ids
 
 
