@@ -90,7 +90,12 @@ def scope_summary(engine: Engine, scope_ref: str) -> dict[str, Any]:
 
 def journal_status(engine: Engine, scope_ref: str) -> dict[str, Any]:
     """The hash chain's status (the same walk ``admin verify`` makes of each scope's journal:
-    Database.verify_journal), the journal head, and the cursors the projections reflect."""
+    Database.verify_journal), the journal head, the cursors the projections reflect, and the data
+    dir's last backup (store/backup.py notes it; a PostgreSQL store's backups are not noted)."""
+    from pathlib import Path
+
+    from engram_memory.store.backup import last_backup
+
     db: Any = engine.db
     if db.shared:
         chain_ok = bool(db.verify_journal(scope_ref))
@@ -100,7 +105,8 @@ def journal_status(engine: Engine, scope_ref: str) -> dict[str, Any]:
     lexical = engine.projections.lexical(scope_ref).cursor
     vectors = engine.projections.vectors(scope_ref).cursor
     summary = scope_summary(engine, scope_ref)
-    return {"chain_ok": chain_ok, "high_water": summary["high_water"],
+    backup = None if db.shared else last_backup(Path(engine.config.data_dir))
+    return {"chain_ok": chain_ok, "last_backup": backup, "high_water": summary["high_water"],
             "projection_cursor": summary["projection_cursor"],
             "lexical_cursor": str(lexical) if lexical else "none", "vector_cursor": str(vectors) if vectors else "none"}
 

@@ -282,7 +282,8 @@ class _Console:
         def read() -> dict[str, Any]:
             engine = self.state.engine
             return {"status": console_reads.journal_status(engine, ref), "events": console_reads.journal(engine, ref)}
-        return self.page(request, "journal.html", {"scope": console_reads.scope_pair(ref), **await self.call(read)})
+        return self.page(request, "journal.html", {"scope": console_reads.scope_pair(ref), "scope_ref": ref,
+                                                   **await self.call(read)})
 
     async def audit(self, request: Request) -> Response:
         ref = await self.scope_ref(request)
