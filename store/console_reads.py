@@ -181,7 +181,8 @@ def record_detail(engine: Engine, scope_ref: str, record_id: str) -> dict[str, A
             "history": _history(engine, scope_ref, {record_id, candidate_id})}
 
 
-RECEIPT_FIELDS = ("authorization_receipt_digest", "record_digest", "payload_digest", "previous_event_hash")
+RECEIPT_FIELDS = ("authorization_receipt_digest", "record_digest", "payload_digest", "previous_event_hash",
+                  "related_record_id")
 
 
 def _history(engine: Engine, scope_ref: str, ids: set[str]) -> list[dict[str, Any]]:
@@ -189,12 +190,16 @@ def _history(engine: Engine, scope_ref: str, ids: set[str]) -> list[dict[str, An
     for cursor, body, event_hash in _rows(engine, "SELECT cursor, body, event_hash FROM journal"
                                           " WHERE scope_ref = ? ORDER BY cursor", [scope_ref]):
         event = json.loads(body)
-        named = {event.get("record_id"), event.get("candidate_id"), *(event.get("record_ids") or [])}
+        named = {event.get("record_id"), event.get("candidate_id"), event.get("related_record_id"),
+                 *(event.get("record_ids") or [])}
         if not ids & named:
             continue
         listed = journal_listing([(int(cursor), body, event_hash)])[0]
+        host = event.get("host_operation")
+        if isinstance(host, dict) and not listed["reason"]:
+            listed["reason"] = host.get("reason")  # a host operation's reason (store/hostops.py)
         receipts = {k: event[k] for k in RECEIPT_FIELDS if isinstance(event.get(k), str)}
-        for nested in ("admission_decision", "adjudication", "decision_receipt", "receipt"):
+        for nested in ("admission_decision", "adjudication", "host_operation", "receipt"):
             value = event.get(nested)
             if isinstance(value, dict):
                 receipts.update({f"{nested}.{k}": v for k, v in value.items() if isinstance(v, str | int | bool)})
@@ -212,8 +217,14 @@ def record_scope(engine: Engine, record_id: str) -> str | None:
 
 def journal(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[str, Any]]:
     """The scope's last ``limit`` journal events, oldest first (``admin history``'s fields)."""
-    return journal_listing(_rows(engine, "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ?"
-                                 f" ORDER BY cursor DESC LIMIT {int(limit)}", [scope_ref]))
+    rows = _rows(engine, "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ?"
+                 f" ORDER BY cursor DESC LIMIT {int(limit)}", [scope_ref])
+    listed = journal_listing(rows)
+    for entry, (_cursor, body, _hash) in zip(listed, reversed(rows), strict=True):
+        host = json.loads(body).get("host_operation")
+        if isinstance(host, dict) and not entry["reason"]:
+            entry["reason"] = host.get("reason")  # a host operation's reason (store/hostops.py)
+    return listed
 
 
 def audit(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[str, Any]]:

@@ -302,6 +302,66 @@ def test_supersede_shows_its_digest_and_changes_the_search(page: Any, console: C
     assert page.inner_text("#state") == "historical"
 
 
+def confirm_operation(page: Any, form_id: str, fields: dict[str, str]) -> str:
+    """Fill an operation's form on a record page, review it, confirm it; returns the result text."""
+    form = page.locator(form_id)
+    for name, value in fields.items():
+        if name == "current":
+            form.locator("select[name=current]").select_option(value)
+        else:
+            form.locator(f"input[name={name}]").fill(value)
+    form.get_by_role("button").click()
+    assert page.inner_text("#digest").startswith("sha256:")
+    page.locator("#confirm").click()
+    return str(page.inner_text("#result"))
+
+
+def test_dispute_then_resolve_takes_a_record_out_of_search_and_back(page: Any, console: Console,
+                                                                     store: tuple[Path, dict[str, Any]]) -> None:
+    pytest.importorskip("engram_memory.store.hostops")
+    rid = store[1]["new"]
+    page.goto(scope_url(console, f"/records/{rid}"))
+    assert '"to_state": "accepted_disputed"' in confirm_operation(page, "#op-dispute", {"reason": "contested"})
+    page.goto(scope_url(console, "/search?q=PostgreSQL+lifecycle"))
+    assert page.locator("#no-results").count() == 1
+    page.goto(scope_url(console, f"/records/{rid}"))
+    assert page.inner_text("#state") == "accepted_disputed"
+    result = confirm_operation(page, "#op-resolve", {"current": "current", "reason": "checked: still true"})
+    assert '"to_state": "accepted_current"' in result
+    page.goto(scope_url(console, "/search?q=PostgreSQL+lifecycle"))
+    assert rid[:16] in page.inner_text("#ranked")
+    page.goto(scope_url(console, f"/records/{rid}"))
+    history = main_text(page)
+    assert "contested" in history and "checked: still true" in history
+
+
+def test_revoke_trust_in_process(tmp_path: Path) -> None:
+    pytest.importorskip("engram_memory.store.hostops")
+    from starlette.testclient import TestClient
+
+    from engram_memory.server.console.app import ConsoleState, create_app
+
+    made = build_store(tmp_path / "data")
+    engine = Engine.open(EngineSettings(data_dir=tmp_path / "data", semantic=False))
+    try:
+        state = ConsoleState(engine, "test", None)
+        client = TestClient(create_app(state), base_url="http://127.0.0.1:8766", follow_redirects=False)
+        client.get(f"/login?token={state.login_token}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/scope/acme/main").text)
+        assert csrf is not None
+        form = {"csrf": csrf.group(1), "operation": "revoke_trust", "source_ref": "doc:adr-7", "reason": "retracted"}
+        review = client.post("/scope/acme/main/confirm", data=form)
+        assert review.status_code == 200 and "doc:adr-7" in review.text
+        fields = dict(re.findall(r'name="(nonce|digest)" value="([^"]+)"', review.text))
+        done = client.post("/scope/acme/main/execute", data={"csrf": csrf.group(1), **fields})
+        assert done.status_code == 200, done.text
+        scope = "tenant:acme/workspace:main"
+        assert engine.db.record_state(scope, made["new"]).state == "trust_invalid"
+        assert engine.db.record_state("tenant:globex/workspace:ops", made["other"]).state == "accepted_current"
+    finally:
+        engine.close()
+
+
 # ---- a console bound to one scope ---------------------------------------------------------------
 
 
