@@ -413,6 +413,62 @@ def test_a_console_bound_to_one_scope_never_shows_another(browser: Any, store: t
         engine.close()
 
 
+# ---- a PostgreSQL store ---------------------------------------------------------------------------
+
+
+def test_a_console_on_a_postgresql_store(browser: Any, tmp_path: Path, pg_database: str,
+                                         offline_env: dict[str, str]) -> None:
+    """The store migrated to PostgreSQL: the console joins it as an admin node, bound to one scope."""
+    duck, key = tmp_path / "duck", tmp_path / "master.key"
+    made = build_store(duck)
+    migrated = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "admin", "migrate", "--from",
+                               str(duck), "--to", pg_database, "--master-key-out", str(key)], env=offline_env,
+                              cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert migrated.returncode == 0, migrated.stderr
+    port = free_port()
+    argv = [sys.executable, "-m", "engram_memory.server.cli", "console", "--store", pg_database,
+            "--master-key-file", str(key), "--scope", "acme/main", "--bind", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, env=offline_env, cwd=str(REPO), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    context = browser.new_context()
+    try:
+        assert proc.stdout is not None
+        login = proc.stdout.readline().strip()
+        assert login.startswith(f"http://127.0.0.1:{port}/login?token="), proc.stderr and proc.stderr.read()
+        tab = context.new_page()
+        tab.goto(login)
+        text = main_text(tab)
+        assert "acme/main" in text and "globex" not in tab.content().lower()
+        assert "the PostgreSQL store" in tab.inner_text("header")
+        base = f"http://127.0.0.1:{port}/scope/acme/main"
+        held = made["held"][0]
+        tab.goto(base + "/candidates")
+        section = tab.locator(f"#cand-{held}")
+        section.locator("input[name=reason]").fill("checked on the shared store")
+        section.get_by_role("button", name="Accept").click()
+        assert '"status": "accepted"' in tab.inner_text("#result")
+        tab.goto(base + "/search?q=nightly+backups")
+        assert "Backups run nightly at two" in tab.inner_text("#ranked")
+        rid = made["records"][0]
+        tab.goto(base + f"/records/{rid}")
+        tab.locator("#op-forget input[name=reason]").fill("asked to forget")
+        tab.locator("#op-forget button").click()
+        tab.locator("#confirm").click()
+        assert '"to_state": "tombstoned"' in tab.inner_text("#result")
+        tab.goto(base + "/journal")
+        assert tab.inner_text("#chain") == "verifies"
+        assert tab.goto(f"http://127.0.0.1:{port}/scope/globex/ops").status == 404
+    finally:
+        context.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err
+    verify = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "admin", "verify", "--store",
+                             pg_database, "--master-key-file", str(key), "--json"], env=offline_env, cwd=str(REPO),
+                            capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 # ---- fast checks: the app in-process, the command's refusals ------------------------------------
 
 
