@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +41,20 @@ CANDIDATE_STATES = tuple(s.value for s in CandidateState)
 # The plot's three series: journal operations an operator watches over time.
 ACTIVITY = {"accept": "admitted", "reject": "rejected", "tombstone": "forgotten"}
 LISTED = 200  # rows per listing page (records, journal, audit): a console, not an export
+
+
+@contextmanager
+def held(engine: Engine) -> Iterator[None]:
+    """What every console call runs under. DuckDB: the engine's write lock (re-entrant, and its
+    owner may read), so the console's reads on the store's own connection never meet the engine's
+    background work (the semantic backfill writes on that connection); the operations the console
+    runs take it again. A PostgreSQL node reads through its pool and takes nothing here (a forget
+    there waits for other nodes' acknowledgements without the lock)."""
+    if engine.db.shared:
+        yield
+        return
+    with engine._rw.write():
+        yield
 
 
 def _rows(engine: Engine, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:

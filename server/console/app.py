@@ -148,7 +148,7 @@ class _Console:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """An engine call in a worker thread, one at a time."""
         def locked() -> T:
-            with self.state.lock:
+            with self.state.lock, console_reads.held(self.state.engine):
                 return fn(*args)
         return await anyio.to_thread.run_sync(locked)
 
