@@ -510,6 +510,36 @@ def test_headers_cookie_flags_and_csrf_in_process(tmp_path: Path) -> None:
         engine.close()
 
 
+def test_the_journal_page_names_the_last_backup(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from engram_memory.server.console.app import ConsoleState, create_app
+    from engram_memory.store.backup import backup_offline, new_backup_key
+
+    data_dir = tmp_path / "data"
+    build_store(data_dir)
+    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
+    try:
+        state = ConsoleState(engine, "test", None)
+        client = TestClient(create_app(state), base_url="http://127.0.0.1:8766", follow_redirects=False)
+        client.get(f"/login?token={state.login_token}")
+        assert "none noted" in client.get("/scope/acme/main/journal").text
+    finally:
+        engine.close()
+    manifest = backup_offline(data_dir, tmp_path / "b.tar", new_backup_key())
+    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
+    try:
+        state = ConsoleState(engine, "test", None)
+        client = TestClient(create_app(state), base_url="http://127.0.0.1:8766", follow_redirects=False)
+        client.get(f"/login?token={state.login_token}")
+        page = client.get("/scope/acme/main/journal").text
+        head = manifest["heads"]["tenant:acme/workspace:main"]["cursor"]
+        assert manifest["created_at"] in page and str(tmp_path / "b.tar") in page
+        assert f"this scope's journal at cursor {head}" in page and manifest["key_id"] in page
+    finally:
+        engine.close()
+
+
 def run_console(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "console", *args], env=env,
                           cwd=str(REPO), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
