@@ -48,7 +48,14 @@ def build(operation: str, fields: dict[str, str]) -> dict[str, Any]:
     reason = check_reason(fields.get("reason", ""))
     if operation == "forget":
         key = fields.get("idempotency_key") or "console-forget-" + secrets.token_hex(16)
-        return {"record_id": _required(fields, "record_id"), "idempotency_key": key, "reason_ref": reason}
+        forget = {"record_id": _required(fields, "record_id"), "idempotency_key": key, "reason_ref": reason}
+        from engram_memory.models.tools import ForgetInput
+
+        try:  # the agent's forget input, checked before the operator is shown it
+            ForgetInput(**forget)
+        except ValueError:
+            raise AdminUsageError("a forget's reason is at most 512 UTF-8 bytes and its record a record id") from None
+        return dict(forget)
     request: dict[str, Any] = {"operation": operation}
     if operation == "revoke_trust":
         request["scope_ref"] = _required(fields, "scope_ref")

@@ -475,12 +475,12 @@ def test_a_console_on_a_postgresql_store(browser: Any, tmp_path: Path, pg_databa
 def test_headers_cookie_flags_and_csrf_in_process(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from engram_memory.server.console.app import ConsoleState, create_app
+    from engram_memory.server.console.app import ConsoleState, create_app, loopback_hosts
 
     made = build_store(tmp_path / "data")
     engine = Engine.open(EngineSettings(data_dir=tmp_path / "data", semantic=False))
     try:
-        state = ConsoleState(engine, "test", None)
+        state = ConsoleState(engine, "test", None, hosts=loopback_hosts("127.0.0.1", 8766))
         token = state.login_token
         client = TestClient(create_app(state), base_url="http://127.0.0.1:8766", follow_redirects=False)
         refused = client.get("/scope/acme/main")
@@ -490,6 +490,9 @@ def test_headers_cookie_flags_and_csrf_in_process(tmp_path: Path) -> None:
             assert headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
             assert headers["x-frame-options"] == "DENY" and headers["referrer-policy"] == "no-referrer"
         assert client.get("/login?token=wrong").status_code == 401
+        # a name rebound to 127.0.0.1 by some web page carries its own Host: refused before the login
+        assert client.get(f"/login?token={token}", headers={"host": "rebound.example:8766"}).status_code == 421
+        assert client.get("/", headers={"host": "localhost:8766"}).status_code == 401  # a loopback name
         login = client.get(f"/login?token={token}")
         assert login.status_code == 303 and login.headers["location"] == "/"
         cookie = login.headers["set-cookie"]
@@ -506,6 +509,25 @@ def test_headers_cookie_flags_and_csrf_in_process(tmp_path: Path) -> None:
         forget = client.post("/scope/acme/main/confirm", data={**form, "operation": "forget", "csrf": csrf.group(1)})
         assert forget.status_code == 200 and "Confirm: forget" in forget.text
         assert engine.db.record_state("tenant:acme/workspace:main", rid).state == "accepted_current"
+        too_long = client.post("/scope/acme/main/confirm", data={**form, "operation": "forget", "csrf": csrf.group(1),
+                                                                 "reason": "é" * 300})
+        assert too_long.status_code == 400 and "512" in too_long.text
+        # every page waits for the engine's own writer, as the semantic backfill (on the store's own
+        # connection, which refuses a second caller: a page read during the backfill once failed)
+        import threading
+
+        held, done = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            with engine._rw.write():
+                held.set()
+                engine.db.con.execute("SELECT sum(i * i) FROM range(300000000) t(i)").fetchall()
+                done.set()
+        thread = threading.Thread(target=writer)
+        thread.start()
+        held.wait()
+        assert client.get("/").status_code == 200 and done.is_set()
+        thread.join()
     finally:
         engine.close()
 

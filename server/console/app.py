@@ -74,6 +74,9 @@ class ConsoleState:
     confirmations: dict[str, Confirmation] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     clock: Callable[[], float] = time.monotonic
+    # The Host headers answered (the bound address's names); None: any (--allow-remote). A page
+    # fetched through a rebound DNS name carries another Host and is refused before anything else.
+    hosts: frozenset[str] | None = None
 
     def visible(self) -> list[str]:
         known = self.engine.scopes()
@@ -100,12 +103,26 @@ class Guard:
                 message = {**message, "headers": headers}
             await send(message)
 
+        host = Request(scope).headers.get("host", "")
+        if self.state.hosts is not None and host not in self.state.hosts:
+            await templates.TemplateResponse(Request(scope), "message.html", {
+                "title": "Wrong host", "message": "Open the console at the address it printed."},
+                status_code=421)(scope, receive, send_with_headers)
+            return
         path = scope.get("path", "")
         if not path.startswith(PUBLIC) and session_of(self.state, Request(scope)) is None:
             await templates.TemplateResponse(Request(scope), "unauthorized.html", {}, status_code=401)(
                 scope, receive, send_with_headers)
             return
         await self.app(scope, receive, send_with_headers)
+
+
+def loopback_hosts(host: str, port: int) -> frozenset[str]:
+    """The Host header values a loopback console answers: its address, by number or by name."""
+    from engram_memory.server.config import LOOPBACK_HOSTS
+
+    names = {host, *LOOPBACK_HOSTS} if host in LOOPBACK_HOSTS else {host}
+    return frozenset(f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names)
 
 
 def session_of(state: ConsoleState, request: Request) -> str | None:

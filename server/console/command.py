@@ -53,20 +53,20 @@ def console_cmd(
         raise _fail(f"cannot listen on {bind}: {exc.strerror or exc}") from None
     try:
         if pg is None:
-            _serve_duckdb(data_dir, scope_ref, semantic, listener, host, port)
+            _serve_duckdb(data_dir, scope_ref, semantic, listener, host, port, allow_remote)
         else:
             assert pg.key_file is not None
             from engram_memory.server.admin_cli import _pg_outcomes
             from engram_memory.store.postgres.admin import admin_engine
 
             with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
-                _serve(engine, "the PostgreSQL store", scope_ref, listener, host, port)
+                _serve(engine, "the PostgreSQL store", scope_ref, listener, host, port, allow_remote)
     finally:
         listener.close()
 
 
 def _serve_duckdb(data_dir: Path | None, scope_ref: str | None, semantic: bool, listener: Any, host: str,
-                  port: int) -> None:
+                  port: int, allow_remote: bool) -> None:
     from engram_memory.server.admin_cli import _closed_store, _target
     from engram_memory.server.config import ConfigError, load_config
     from engram_memory.store.backend import StoreBusyError
@@ -84,22 +84,24 @@ def _serve_duckdb(data_dir: Path | None, scope_ref: str | None, semantic: bool, 
     except StoreBusyError:
         raise _refuse(STORE_BUSY, f"data dir {target} is in use by a running server; stop it first") from None
     try:
-        _serve(engine, str(target), scope_ref, listener, host, port)
+        _serve(engine, str(target), scope_ref, listener, host, port, allow_remote)
     finally:
         engine.close()
 
 
-def _serve(engine: Any, where: str, scope_ref: str | None, listener: Any, host: str, port: int) -> None:
+def _serve(engine: Any, where: str, scope_ref: str | None, listener: Any, host: str, port: int,
+           allow_remote: bool) -> None:
     import uvicorn
 
     from engram_memory.server.app import _closing_server
-    from engram_memory.server.console.app import ConsoleState, create_app
+    from engram_memory.server.console.app import ConsoleState, create_app, loopback_hosts
     from engram_memory.store.console_reads import scope_pair
 
     if scope_ref is not None and scope_ref not in engine.scopes():
         listed = ", ".join(scope_pair(s) for s in engine.scopes()[:20]) or "none"
         raise _fail(f"no scope {scope_pair(scope_ref)} in {where} (known scopes: {listed})")
-    state = ConsoleState(engine, where, (scope_ref,) if scope_ref is not None else None)
+    state = ConsoleState(engine, where, (scope_ref,) if scope_ref is not None else None,
+                         hosts=None if allow_remote else loopback_hosts(host, port))
     shown = f"[{host}]" if ":" in host else host
     # The one line on stdout: the login link (its token works once; the session it opens lasts
     # as long as this process).
