@@ -8,8 +8,8 @@ search with its rank receipt explained. A pending candidate's content is opened 
 ``reveal_candidate``, which leaves an audit row first. Nothing here writes a journal event.
 
 Every function takes the scope it reads; the caller decides which scopes an operator may see
-(a console bound to one scope passes no other). SQL is written with ``?`` and run on the engine's
-backend (DuckDB: this thread's read connection under the engine's read lock; PostgreSQL: its pool).
+(a console bound to one scope passes no other). The queries themselves live in the backends
+(store/duckdb/console.py, store/postgres/console.py), by name.
 """
 
 from __future__ import annotations
@@ -57,13 +57,18 @@ def held(engine: Engine) -> Iterator[None]:
         yield
 
 
-def _rows(engine: Engine, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def _rows(engine: Engine, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """A named console query (store/duckdb/console.py, store/postgres/console.py) on the engine's store."""
     db: Any = engine.db
     if db.shared:
-        return list(db.all(sql.replace("?", "%s"), params))
+        from engram_memory.store.postgres import console as pg
+
+        return pg.rows(db, query, params)
+    from engram_memory.store.duckdb import console as duck
+
     # The engine's read side excludes its own writes; each thread reads on its own cursor.
     with engine._rw.read():
-        return list(db.reader().execute(sql, params).fetchall())
+        return duck.rows(db, query, params)
 
 
 def scope_pair(scope_ref: str) -> str:
@@ -91,14 +96,12 @@ def operator_context(scope_ref: str, session: str = "console") -> Any:
 def scope_summary(engine: Engine, scope_ref: str) -> dict[str, Any]:
     """A scope's counts by state (records and candidates), its journal head and projection cursor."""
     records = dict.fromkeys(RECORD_STATES, 0)
-    for state, n in _rows(engine, "SELECT state, count(*) FROM records WHERE scope_ref = ? GROUP BY state",
-                          [scope_ref]):
+    for state, n in _rows(engine, "record_states", [scope_ref]):
         records[state] = int(n)
     candidates = dict.fromkeys(CANDIDATE_STATES, 0)
-    for state, n in _rows(engine, "SELECT state, count(*) FROM candidates WHERE scope_ref = ? GROUP BY state",
-                          [scope_ref]):
+    for state, n in _rows(engine, "candidate_states", [scope_ref]):
         candidates[state] = int(n)
-    head = _rows(engine, "SELECT high_water, projection_cursor FROM scopes WHERE scope_ref = ?", [scope_ref])
+    head = _rows(engine, "scope_head", [scope_ref])
     high_water, projection = (int(head[0][0]), int(head[0][1])) if head else (0, 0)
     return {"scope_ref": scope_ref, "scope": scope_pair(scope_ref), "records": records, "candidates": candidates,
             "high_water": high_water, "projection_cursor": projection}
@@ -132,12 +135,7 @@ def journal_status(engine: Engine, scope_ref: str) -> dict[str, Any]:
 
 def pending_candidates(engine: Engine, scope_ref: str) -> list[dict[str, Any]]:
     """Metadata of the scope's pending candidates (as ``admin candidates``: never content)."""
-    return candidate_listing(_rows(
-        engine,
-        "SELECT c.candidate_id, c.principal, c.state, c.created_cursor, c.recorded_at, c.payload_digest,"
-        " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
-        " AND t.payload_digest = c.payload_digest) FROM candidates c"
-        " WHERE c.scope_ref = ? AND c.state = 'pending' ORDER BY c.created_cursor", [scope_ref]))
+    return candidate_listing(_rows(engine, "pending_candidates", [scope_ref]))
 
 
 def reveal_candidate(engine: Engine, scope_ref: str, candidate_id: str, session: str) -> dict[str, Any] | None:
@@ -169,12 +167,10 @@ def record_console_call(engine: Engine, scope_ref: str, tool: str, session: str,
 
 def records(engine: Engine, scope_ref: str, state: str | None = None) -> list[dict[str, Any]]:
     """The scope's records (newest first): ids, states, cursors, digests."""
-    sql = "SELECT record_id, state, recorded_cursor, record_digest, event_type FROM records WHERE scope_ref = ?"
-    params: list[Any] = [scope_ref]
-    if state is not None:
-        sql += " AND state = ?"
-        params.append(state)
-    rows = _rows(engine, sql + f" ORDER BY recorded_cursor DESC, record_id LIMIT {LISTED}", params)
+    if state is None:
+        rows = _rows(engine, "records", [scope_ref, LISTED])
+    else:
+        rows = _rows(engine, "records_in_state", [scope_ref, state, LISTED])
     return [{"record_id": rid, "state": st, "recorded_cursor": int(cur), "record_digest": rd,
              "event_type": et or ""} for rid, st, cur, rd, et in rows]
 
@@ -183,8 +179,7 @@ def record_detail(engine: Engine, scope_ref: str, record_id: str) -> dict[str, A
     """A record of the scope: its state, its body (components and citations) while its key
     exists, and its lifecycle history: every journal event naming it or its candidate, with the
     receipts each carries. None for an id the scope does not hold."""
-    rows = _rows(engine, "SELECT state, candidate_id, recorded_cursor, record_digest, payload_digest FROM records"
-                 " WHERE scope_ref = ? AND record_id = ?", [scope_ref, record_id])
+    rows = _rows(engine, "record", [scope_ref, record_id])
     if not rows:
         return None
     state, candidate_id, cursor, rd, pd = rows[0]
@@ -203,8 +198,7 @@ RECEIPT_FIELDS = ("authorization_receipt_digest", "record_digest", "payload_dige
 
 def _history(engine: Engine, scope_ref: str, ids: set[str]) -> list[dict[str, Any]]:
     out = []
-    for cursor, body, event_hash in _rows(engine, "SELECT cursor, body, event_hash FROM journal"
-                                          " WHERE scope_ref = ? ORDER BY cursor", [scope_ref]):
+    for cursor, body, event_hash in _rows(engine, "journal", [scope_ref]):
         event = json.loads(body)
         named = {event.get("record_id"), event.get("candidate_id"), event.get("related_record_id"),
                  *(event.get("record_ids") or [])}
@@ -224,7 +218,7 @@ def _history(engine: Engine, scope_ref: str, ids: set[str]) -> list[dict[str, An
 
 
 def record_scope(engine: Engine, record_id: str) -> str | None:
-    rows = _rows(engine, "SELECT scope_ref FROM records WHERE record_id = ?", [record_id])
+    rows = _rows(engine, "record_scope", [record_id])
     return str(rows[0][0]) if rows else None
 
 
@@ -233,8 +227,7 @@ def record_scope(engine: Engine, record_id: str) -> str | None:
 
 def journal(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[str, Any]]:
     """The scope's last ``limit`` journal events, oldest first (``admin history``'s fields)."""
-    rows = _rows(engine, "SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ?"
-                 f" ORDER BY cursor DESC LIMIT {int(limit)}", [scope_ref])
+    rows = _rows(engine, "journal_tail", [scope_ref, int(limit)])
     listed = journal_listing(rows)
     for entry, (_cursor, body, _hash) in zip(listed, reversed(rows), strict=True):
         host = json.loads(body).get("host_operation")
@@ -247,8 +240,7 @@ def audit(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[str,
     """The scope's audit trail, newest first: who called which tool with what outcome. The
     arguments are never stored, so never shown."""
     engine.audit.flush()
-    rows = _rows(engine, "SELECT called_at, principal, agent_id, session, tool, ok, code FROM audit"
-                 f" WHERE scope_ref = ? ORDER BY called_at DESC, audit_id LIMIT {int(limit)}", [scope_ref])
+    rows = _rows(engine, "audit", [scope_ref, int(limit)])
     return [{"called_at": at, "principal": p, "agent_id": a, "session": s, "tool": t,
              "outcome": "ok" if ok else (code or "error")} for at, p, a, s, t, ok, code in rows]
 
@@ -256,8 +248,7 @@ def audit(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[str,
 def activity(engine: Engine, scope_ref: str) -> dict[str, Any]:
     """Admissions, rejections and forgets per day (UTC), from the journal's own instants."""
     per_day: dict[str, Counter[str]] = {}
-    for operation, body in _rows(engine, "SELECT operation, body FROM journal WHERE scope_ref = ? ORDER BY cursor",
-                                 [scope_ref]):
+    for operation, body in _rows(engine, "operations", [scope_ref]):
         if operation not in ACTIVITY:
             continue
         day = datetime.fromtimestamp(from_instant(event_instant(json.loads(body))) / 1000, UTC).date().isoformat()
