@@ -108,8 +108,8 @@ def scope_summary(engine: Engine, scope_ref: str) -> dict[str, Any]:
 
 
 def journal_status(engine: Engine, scope_ref: str) -> dict[str, Any]:
-    """The hash chain's status (the same walk ``admin verify`` makes of each scope's journal:
-    Database.verify_journal), the journal head, the cursors the projections reflect, and the data
+    """The hash chain's status (Database.verify_journal: every event's hash and link, dense cursors;
+    the chain check ``admin verify`` starts with), the journal head, the cursors the projections reflect, and the data
     dir's last backup (store/backup.py notes it; a PostgreSQL store's backups are not noted)."""
     from pathlib import Path
 
