@@ -47,7 +47,7 @@ def build(operation: str, fields: dict[str, str]) -> dict[str, Any]:
         raise AdminUsageError(f"unknown operation {operation!r}")
     reason = check_reason(fields.get("reason", ""))
     if operation == "forget":
-        key = fields.get("idempotency_key") or "console-forget-" + secrets.token_hex(16)
+        key = "console-forget-" + secrets.token_hex(16)  # fresh: one key per confirmed forget
         forget = {"record_id": _required(fields, "record_id"), "idempotency_key": key, "reason_ref": reason}
         from engram_memory.models.tools import ForgetInput
 

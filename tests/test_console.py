@@ -8,7 +8,6 @@ flags, CSRF) and the command's refusals run as subprocesses.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
@@ -588,11 +587,3 @@ def test_refusals_are_one_line(tmp_path: Path, offline_env: dict[str, str]) -> N
                               " stop it first\n"
     finally:
         running.stop()
-
-
-def test_the_console_is_no_agent_tool() -> None:
-    """The console's operations are host operations: the agent's tools stay exactly six."""
-    from engram_memory.models.context import ALL_TOOLS
-
-    assert len(ALL_TOOLS) == 6 and not any("console" in t for t in ALL_TOOLS)
-    assert os.path.isdir(REPO / "server" / "console" / "templates")
