@@ -342,9 +342,8 @@ class _Console:
                                 self.state.clock() + console_ops.CONFIRM_TTL_S)
         try:
             pending = await self.call(prepare)
-        except ImportError:
-            raise HTTPException(501, "The host lifecycle operations (store/hostops.py) are not in this build.") \
-                from None
+        except ModuleNotFoundError as exc:
+            raise _without_hostops(exc) from None
         except (AdminUsageError, AdminRefusal) as exc:
             raise HTTPException(_status(exc), _refusal(exc)) from None
         nonce = secrets.token_urlsafe(24)
@@ -375,9 +374,8 @@ class _Console:
             return result
         try:
             result = await self.call(run)
-        except ImportError:
-            raise HTTPException(501, "The host lifecycle operations (store/hostops.py) are not in this build.") \
-                from None
+        except ModuleNotFoundError as exc:
+            raise _without_hostops(exc) from None
         except (AdminUsageError, AdminRefusal) as exc:
             raise HTTPException(_status(exc), _refusal(exc)) from None
         return self.page(request, "result.html", {"scope": console_reads.scope_pair(ref),
@@ -399,6 +397,13 @@ class _Console:
         now = self.state.clock()
         for nonce in [n for n, c in self.state.confirmations.items() if c.expires <= now]:
             del self.state.confirmations[nonce]
+
+
+def _without_hostops(exc: ModuleNotFoundError) -> Exception:
+    """A build without the host lifecycle API answers 501 for those operations; anything else is a bug."""
+    if exc.name != "engram_memory.store.hostops":
+        return exc
+    return HTTPException(501, "The host lifecycle operations (store/hostops.py) are not in this build.")
 
 
 def _session_tag(sid: str) -> str:
