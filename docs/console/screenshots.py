@@ -114,6 +114,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         made = build(data_dir)
+        from engram_memory.store.backup import backup_offline, new_backup_key
+
+        backup_offline(data_dir, Path(tmp) / "engram.tar", new_backup_key())  # the journal page names it
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
