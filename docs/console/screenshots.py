@@ -143,9 +143,9 @@ def main() -> None:
                 page.locator("#op-forget button").click()
                 page.screenshot(path=str(OUT / "confirm-forget.png"), full_page=True)
                 page.goto(scope + "/journal")
-                page.screenshot(path=str(OUT / "journal.png"), full_page=True)
+                page.screenshot(path=str(OUT / "journal.png"))  # the first screenful: the status and the last events
                 page.goto(scope + "/audit")
-                page.screenshot(path=str(OUT / "audit.png"), full_page=True)
+                page.screenshot(path=str(OUT / "audit.png"))
                 deadline = time.monotonic() + 180
                 while True:  # the model loads and embeds every record in the background
                     page.goto(scope + "/search?q=which+store+keeps+memory+records")
