@@ -23,6 +23,7 @@ import typer  # noqa: E402
 
 from engram_memory.server.admin_cli import admin_app  # noqa: E402
 from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
+from engram_memory.server.console.command import console_cmd  # noqa: E402
 from engram_memory.server.host_cli import host_app  # noqa: E402
 from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
 
@@ -221,6 +222,7 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
 app.command("serve")(serve)
 app.command("daemon")(daemon)
 app.command("rebuild-index")(rebuild_index_cmd)
+app.command("console")(console_cmd)
 app.add_typer(host_app)
 app.add_typer(admin_app)
 # Other parts of the distribution (the evaluation harness) plug their commands in through

@@ -47,6 +47,8 @@ __all__ = [
     "ConfigError",
     "ServeConfig",
     "ServeSettings",
+    "bind_address",
+    "check_bind",
     "default_data_dir",
     "load_config",
     "read_config_file",
@@ -60,6 +62,26 @@ MAX_CONFIRM_TTL_S = float(CONFIRM_TTL_S)  # TOOL_CONTRACT §0: a confirmation li
 ENV_PREFIX = "ENGRAM_"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+
+
+def bind_address(text: str, flag: str) -> tuple[str, int]:
+    """(host, port) of a ``HOST:PORT`` listen address (``--http``, the console's ``--bind``)."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        sep = ""  # an IPv6 address must be bracketed
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{flag} must be HOST:PORT (IPv6 as [::1]:PORT), got {text!r}")
+    return host, int(port)
+
+
+def check_bind(text: str, flag: str, allow_remote: bool) -> tuple[str, int]:
+    """A listen address, refused beyond loopback unless the operator said --allow-remote."""
+    host, port = bind_address(text, flag)
+    if host not in LOOPBACK_HOSTS and not allow_remote:
+        raise ValueError(f"{flag} {text} is not a loopback address; add --allow-remote to bind it")
+    return host, port
 
 
 class ConfigError(ValueError):
@@ -142,9 +164,7 @@ class ServeSettings(BaseSettings, EngineSettings):
         if self.rate_limit < 0 or self.rate_burst < 1:
             raise ValueError("rate_limit must be >= 0 and rate_burst >= 1")
         if self.http is not None:
-            host, _ = self.http_address  # raises on a malformed address
-            if host not in LOOPBACK_HOSTS and not self.allow_remote:
-                raise ValueError(f"--http {self.http} is not a loopback address; add --allow-remote to bind it")
+            check_bind(self.http, "--http", self.allow_remote)  # raises on a malformed or remote address
             if self.host_keys is None:
                 raise ValueError("--http needs --host-keys FILE (see: engram-memory host keygen)")
             bound = [k for k in (*CONTEXT_KEYS, "tools", "confirm") if getattr(self, k)]
@@ -171,15 +191,7 @@ class ServeSettings(BaseSettings, EngineSettings):
     @property
     def http_address(self) -> tuple[str, int]:
         """(host, port) of ``http``: ``127.0.0.1:8765``, ``localhost:8765`` or ``[::1]:8765``."""
-        text = self.http or ""
-        host, sep, port = text.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        elif ":" in host:
-            sep = ""  # an IPv6 address must be bracketed
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"--http must be HOST:PORT (IPv6 as [::1]:PORT), got {text!r}")
-        return host, int(port)
+        return bind_address(self.http or "", "--http")
 
     @property
     def context_bound(self) -> bool:

@@ -58,6 +58,7 @@ FORMAT = "engram-memory-backup/1"
 STORE_FILE = "engram.duckdb"  # the DuckDB backend's file (store/duckdb/backend.py)
 MANIFEST, MANIFEST_MAC = "manifest.json", "manifest.mac"
 SERVER_KEY_MEMBER = "server.key.sealed"
+LAST_BACKUP = "last-backup.json"  # beside the store: the last backup's time, file and heads
 SERVER_KEY_AAD = b"engram-backup:server.key"
 KEY_PREFIX = "engram-backup-key-v1:"
 # Not copied into a backup: per-process runtime files the owner recreates (its lock, socket,
@@ -178,9 +179,29 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
                     tar.add(staging / name, arcname=name, recursive=False)
             fh.flush()
             os.fsync(fh.fileno())
+        _note_backup(data_dir, out, manifest)
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _note_backup(data_dir: Path, out: Path, manifest: dict[str, Any]) -> None:
+    """The data dir remembers its last backup (when, where, its key id and journal heads; never a
+    key), for the operator console's journal page. A failure to note it fails no backup."""
+    note = {"created_at": manifest["created_at"], "path": str(out.absolute()), "key_id": manifest["key_id"],
+            "heads": {scope: head["cursor"] for scope, head in manifest["heads"].items()}}
+    try:
+        _write_private(data_dir / LAST_BACKUP, canonical_bytes(note))
+    except OSError:
+        pass
+
+
+def last_backup(data_dir: Path) -> dict[str, Any] | None:
+    """The last backup's note (``_note_backup``), or None when this data dir never made one."""
+    try:
+        return dict(json.loads((data_dir / LAST_BACKUP).read_bytes()))
+    except (OSError, ValueError):
+        return None
 
 
 def backup_offline(data_dir: Path, out: Path, backup_key: bytes) -> dict[str, Any]:

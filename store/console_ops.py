@@ -1,0 +1,151 @@
+"""The operator's lifecycle operations from the console: each named by an exact request, shown with
+its digest before it runs, and run only when the confirmed digest still matches.
+
+Adjudication is store/adjudicate.py's; dispute, resolve, supersede and revoke trust are the host
+lifecycle API of store/hostops.py (imported when one runs); forget is the agent's own forget
+(Engine.forget: one tombstone event, the key destroyed, the projections purged), run for the
+operator, whose confirmation replaces the host's confirmation guard:
+
+* the console derives the whole forget request first -- ``record_id``, a fresh ``idempotency_key``
+  and the operator's reason as ``reason_ref`` -- and shows its digest, which is the intent hash the
+  store binds that key to (store/ledger.py ``intent_hash("forget", request)``);
+* the operator confirms that digest (a single-use confirmation that lives at most
+  ``CONFIRM_TTL_S``, the contract's bound for a human approval) and the console runs exactly that
+  request, after recomputing its digest from what was submitted;
+* it runs under the operator's own context (principal ``operator``, agent ``console``), leaves an
+  audit row, and a repeated submit of the same confirmation replays the first answer (same key).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from engram_memory.models.limits import CONFIRM_TTL_S
+from engram_memory.store.adjudicate import check_reason
+from engram_memory.store.console_reads import operator_context, record_console_call
+from engram_memory.store.ledger import intent_hash
+from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
+__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "run", "settle"]
+
+# operation -> the request fields the operator gives (beyond "operation" and "reason").
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "dispute": ("record_id",),
+    "resolve": ("record_id", "current"),
+    "supersede": ("record_id", "by"),
+    "revoke_trust": ("scope_ref", "source_ref", "evidence_ref", "principal"),
+    "forget": ("record_id", "idempotency_key", "reason_ref"),
+}
+REVOKE_TARGETS = ("source_ref", "evidence_ref", "principal")
+
+
+def build(operation: str, fields: dict[str, str]) -> dict[str, Any]:
+    """The exact request of an operation from a form's fields (AdminUsageError for a bad one).
+    A forget gets its idempotency key here, once: the confirmed request carries it on."""
+    if operation not in OPERATIONS:
+        raise AdminUsageError(f"unknown operation {operation!r}")
+    reason = check_reason(fields.get("reason", ""))
+    if operation == "forget":
+        key = "console-forget-" + secrets.token_hex(16)  # fresh: one key per confirmed forget
+        forget = {"record_id": _required(fields, "record_id"), "idempotency_key": key, "reason_ref": reason}
+        from engram_memory.models.tools import ForgetInput
+
+        try:  # the agent's forget input, checked before the operator is shown it
+            ForgetInput(**forget)
+        except ValueError:
+            raise AdminUsageError("a forget's reason is at most 512 UTF-8 bytes and its record a record id") from None
+        return dict(forget)
+    request: dict[str, Any] = {"operation": operation}
+    if operation == "revoke_trust":
+        request["scope_ref"] = _required(fields, "scope_ref")
+        given = [k for k in REVOKE_TARGETS if fields.get(k, "").strip()]
+        if len(given) != 1:
+            raise AdminUsageError("revoke trust names exactly one of: source_ref, evidence_ref, principal")
+        request[given[0]] = fields[given[0]].strip()
+    else:
+        request["record_id"] = _required(fields, "record_id")
+    if operation == "resolve":
+        current = fields.get("current", "")
+        if current not in ("current", "historical"):
+            raise AdminUsageError("resolve says current or historical")
+        request["current"] = current == "current"
+    if operation == "supersede":
+        request["by"] = _required(fields, "by")
+    request["reason"] = reason
+    return request
+
+
+def _required(fields: dict[str, str], name: str) -> str:
+    value = fields.get(name, "").strip()
+    if not value:
+        raise AdminUsageError(f"{name} is required")
+    return value
+
+
+def digest(operation: str, request: dict[str, Any]) -> str:
+    """What the operator confirms: the forget request's intent hash, or the host operation's digest."""
+    if operation == "forget":
+        return intent_hash("forget", request)
+    from engram_memory.store.hostops import operation_digest  # type: ignore[import-not-found,unused-ignore]
+
+    return str(operation_digest(request))
+
+
+def run(engine: Any, operation: str, request: dict[str, Any], now: int, session: str) -> dict[str, Any]:
+    """Run a confirmed request; returns the operation's result (its receipt included)."""
+    if operation == "forget":
+        return _forget(engine, request, session)
+    from engram_memory.store import hostops  # type: ignore[attr-defined,unused-ignore]
+
+    reason = request["reason"]
+    if operation == "dispute":
+        result = hostops.dispute_with(engine, request["record_id"], reason, now)
+    elif operation == "resolve":
+        result = hostops.resolve_with(engine, request["record_id"], request["current"], reason, now)
+    elif operation == "supersede":
+        result = hostops.supersede_with(engine, request["record_id"], request["by"], reason, now)
+    else:
+        target = {k: request[k] for k in REVOKE_TARGETS if k in request}
+        result = hostops.revoke_trust_with(engine, request["scope_ref"], reason, now, **target)
+    return dict(result)
+
+
+def _forget(engine: Any, request: dict[str, Any], session: str) -> dict[str, Any]:
+    from engram_memory.models.errors import EngramError
+    from engram_memory.models.tools import ForgetInput, to_plain
+    from engram_memory.store.console_reads import record_scope
+
+    scope_ref = record_scope(engine, request["record_id"])
+    if scope_ref is None:
+        raise AdminUsageError(f"no record {request['record_id']}")
+    try:
+        value = to_plain(engine.forget(operator_context(scope_ref, session), ForgetInput(**request)))
+    except EngramError as exc:
+        record_console_call(engine, scope_ref, "forget", session, ok=False, code=exc.code)
+        raise AdminRefusal(exc.code, f"forget refused: {exc.code}") from None
+    record_console_call(engine, scope_ref, "forget", session, ok=True)
+    return {"operation": "forget", "scope_ref": scope_ref, "record_ids": [request["record_id"]], **value}
+
+
+def settle(engine: Any, scope_ref: str) -> None:
+    """After an operator's change, the console's own engine serves the scope as the journal says.
+
+    The agent's operations keep the engine's scope view and projections in step themselves; an
+    adjudication or a host operation journals its event and leaves the rest to a server's next
+    start (store/adjudicate.py). The console is that server: an accepted record is embedded now
+    (when the model is loaded) and the scope is marked stale, so its next read rebuilds the
+    projections and the view from the current records. A PostgreSQL node catches up from the
+    journal on its next read anyway."""
+    if engine.db.shared:
+        return
+    from engram_memory.models.states import RecordState
+
+    with engine._rw.write():
+        if engine.semantic_ready():
+            current = RecordState.ACCEPTED_CURRENT.value
+            missing = engine.db.missing_embeddings(scope_ref, current, engine.embedder.model_digest, 256)
+            records = [r for r in (engine.lifecycle.load_record(m.record_id, m.key_ref, m.body) for m in missing)
+                       if r is not None]
+            engine._embed_and_store(scope_ref, records, engine.db.projection_cursor(scope_ref))
+        engine._stale.add(scope_ref)
