@@ -27,7 +27,7 @@ from engram_memory.store.console_reads import operator_context, record_console_c
 from engram_memory.store.ledger import intent_hash
 from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 
-__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "run", "settle"]
+__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "resync", "run"]
 
 # operation -> the request fields the operator gives (beyond "operation" and "reason").
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -128,7 +128,7 @@ def _forget(engine: Any, request: dict[str, Any], session: str) -> dict[str, Any
     return {"operation": "forget", "scope_ref": scope_ref, "record_ids": [request["record_id"]], **value}
 
 
-def settle(engine: Any, scope_ref: str) -> None:
+def resync(engine: Any, scope_ref: str) -> None:
     """After an operator's change, the console's own engine serves the scope as the journal says.
 
     The agent's operations keep the engine's scope view and projections in step themselves; an

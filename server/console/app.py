@@ -268,7 +268,7 @@ class _Console:
                 raise AdminUsageError("no such pending candidate in this scope")
             result = adjudicate_with(self.state.engine, self.state.where, cid, decision == "accept",
                                      str(form.get("reason", "")), self.state.engine.clock())
-            console_ops.settle(self.state.engine, ref)
+            console_ops.resync(self.state.engine, ref)
             return result
         try:
             result = await self.call(run)
@@ -370,7 +370,7 @@ class _Console:
             self._in_scope(ref, pending.operation, pending.request)
             result = console_ops.run(self.state.engine, pending.operation, pending.request,
                                      self.state.engine.clock(), _session_tag(sid or ""))
-            console_ops.settle(self.state.engine, ref)
+            console_ops.resync(self.state.engine, ref)
             return result
         try:
             result = await self.call(run)
