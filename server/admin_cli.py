@@ -761,3 +761,6 @@ def migrate_cmd(
          *[[f"rows {t}", n] for t, n in report.rows.items()], ["data keys re-wrapped", report.data_keys],
          ["unreferenced key files (not copied)", report.unreferenced_keys],
          ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"]]))
+
+
+from engram_memory.server import admin_lifecycle  # noqa: E402,F401  (dispute, resolve, supersede, revoke-trust, rewind)
