@@ -9,6 +9,7 @@ typed API where a store is only being filled.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,19 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
 from engram_memory.store.rebuild import rebuild_index
-from tests.conftest import CONTEXT, Backend, Human, Mcp, get_args, key, mcp_server, search_args, serve_argv, sha
+from tests.conftest import (
+    CONTEXT,
+    Backend,
+    Human,
+    Mcp,
+    get_args,
+    key,
+    mcp_server,
+    search_args,
+    serve_argv,
+    sha,
+    store_backend,
+)
 from tests.conftest import capture_args as wire_capture
 from tests.http_fixtures import HostKit, host_context, http_server, signed_client
 from tests.store_fixtures import PURPOSE, T0, call, capture_args, ctx
@@ -172,7 +185,11 @@ async def hybrid_ids(mcp: Mcp, word: str) -> list[str]:
     for _ in range(240):
         out = await mcp.call("search", search_args(word, capability_policy=policy))
         if out["ok"]:
-            return sorted(p["record"]["record_id"] for p in out["output"]["value"]["records"])
+            value = out["output"]["value"]
+            ids = sorted(p["record"]["record_id"] for p in value["records"])
+            # Every record found is ranked by the vector index too (a record back to current is in it again).
+            assert ids == sorted(e["record_id"] for e in value["rank_receipt"]["ranked"] if "semantic" in e), value
+            return ids
         assert out["error"]["code"] == "RANKING_UNAVAILABLE", out
         await anyio.sleep(0.5)
     raise AssertionError("the embedding model never became ready")
@@ -273,10 +290,16 @@ def test_serve_http_applies_a_command_through_its_local_route(tmp_path: Path, of
 # ---- PostgreSQL --------------------------------------------------------------------------------------
 
 
-def test_commands_on_a_postgresql_store(backend: Backend, tmp_path: Path) -> None:
-    if backend.store is None:
-        pytest.skip("the DuckDB store is covered above")
-    assert backend.master_key_file is not None
+@pytest.fixture
+def pg_backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    """A PostgreSQL store made by the real ``admin init-store`` (the DuckDB store is covered above)."""
+    with store_backend("postgres", request, tmp_path_factory.mktemp("store-key")) as chosen:
+        yield chosen
+
+
+def test_commands_on_a_postgresql_store(pg_backend: Backend, tmp_path: Path) -> None:
+    backend = pg_backend
+    assert backend.store is not None and backend.master_key_file is not None
     engine = Engine.open(EngineSettings(data_dir=tmp_path / "node", semantic=False, store=backend.store,
                                         master_key_file=backend.master_key_file), clock=lambda: T0)
     where = ["--store", backend.store, "--master-key-file", str(backend.master_key_file)]
