@@ -34,7 +34,8 @@ EXIT_USAGE = 2
 
 admin_app = typer.Typer(
     name="admin",
-    help="Host-only maintenance: verify, backup/restore, expire, adjudicate, history, key rotation.",
+    help="Host-only maintenance: verify, backup/restore, expire, adjudicate, history, key rotation, lifecycle"
+    " operations (dispute, resolve, supersede, revoke-trust, rewind).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
