@@ -418,7 +418,7 @@ CHANGES_SQL = (
 
 def _journal_changes(run: Callable[[str, list[Any]], list[tuple[Any, ...]]], scope_ref: str, after: int,
                      through: int) -> list[JournalChange]:
-    return journal_changes_of(run(CHANGES_SQL, [scope_ref, after, through]))  # type: ignore[arg-type]
+    return journal_changes_of(run(CHANGES_SQL, [scope_ref, after, through]))
 
 
 def _ledger_lookup(con: duckdb.DuckDBPyConnection, scope_ref: str, principal: str,

@@ -280,7 +280,7 @@ class PostgresStore:
         return True
 
     def journal_changes(self, scope_ref: str, after: int, through: int) -> list[JournalChange]:
-        return journal_changes_of(self.all(  # type: ignore[arg-type]
+        return journal_changes_of(self.all(
             "SELECT cursor, operation, body FROM journal WHERE scope_ref = %s"
             " AND cursor > %s AND cursor <= %s AND operation = ANY(%s) ORDER BY cursor",
             [scope_ref, after, through, list(PROJECTED_OPERATIONS)],
