@@ -593,13 +593,33 @@ class Engine:
             self._sync(scope_ref)
             return
         try:
-            self._project(scope_ref, gone, back, cursor)
+            added = self._project(scope_ref, gone, back, cursor)
+            if added and self.embedder is None:
+                self._index_stored_vectors(scope_ref, added, cursor)
             self.projections.lexical(scope_ref).set_cursor(str(cursor))
             self.projections.vectors(scope_ref).set_cursor(str(cursor))
         except Exception:  # noqa: BLE001 - committed: the scope is rebuilt from the store before its next use
             log.exception("projection update after a host operation failed; the scope is rebuilt")
             self._views.drop(scope_ref)
             self._stale.add(scope_ref)
+
+    def _index_stored_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+        """An engine opened without the model (an admin command) puts the stored vectors of records
+        back to current into the vector index, as a rebuild would (those of the configured model,
+        by its digest): no embedding, and no index left short of the store's vectors."""
+        from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
+
+        path = self.config.model_path or packaged_model_path()
+        digest = compute_model_digest(path) if path is not None else None
+        sealed = self.db.embeddings_of([r["record_id"] for r in records], digest) if digest else {}
+        ids, rows = [], []
+        for rid, (key_ref, blob) in sorted(sealed.items()):
+            dek = self.keys.load(key_ref)
+            if dek is not None:
+                ids.append(rid)
+                rows.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
+        if ids:
+            self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
 
     def _changed_elsewhere(self, scope_ref: str) -> None:
         """The store's watcher: another node changed the scope. A scope this node holds

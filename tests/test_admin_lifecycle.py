@@ -202,7 +202,7 @@ def test_a_stdio_owner_applies_each_command_and_forget_works_from_each_state(tmp
     data = tmp_path / "data"
     where = ["--data-dir", str(data)]
 
-    async def main() -> None:
+    async def main() -> str:
         async with mcp_server(serve_argv(data), offline_env, human=Human(), log_dir=tmp_path) as mcp:
             names = {t.name for t in (await mcp.session.list_tools()).tools}
             assert names == ALL_TOOLS  # still exactly the six
@@ -252,8 +252,14 @@ def test_a_stdio_owner_applies_each_command_and_forget_works_from_each_state(tmp
                 with pytest.raises(MCPError) as info:
                     await mcp.session.call_tool(name, {"record_id": new})
                 assert (info.value.code, info.value.message) == (-32602, "Unknown tool"), name
+            return new
 
-    anyio.run(main)
+    new = anyio.run(main)
+    verified(where)
+    # With the server gone, the commands open the store (without the model): a record back to
+    # current gets its stored vector indexed again, so the projections still equal a rebuild.
+    for args in (["dispute", "--record", new], ["resolve", "--record", new, "--current"]):
+        assert ok_json([*args, "--reason", REASON, *where])["online"] is False
     verified(where)
 
 
