@@ -588,9 +588,9 @@ class Engine:
 
     def host_transition(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> None:
         """After a host operation's commit (store/hostops.py), under the write lock: this node's
-        projections follow it at once (a node of a shared store catches up from the journal)."""
+        projections follow it at once. A node of a shared store (an admin node included) leaves
+        it to the journal: every node, this one too, catches up before its next read."""
         if self.db.shared:
-            self._sync(scope_ref)
             return
         try:
             added = self._project(scope_ref, gone, back, cursor)

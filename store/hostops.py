@@ -69,8 +69,11 @@ def supersede_family_with(engine: Any, new_id: str, family_ref: str, reason: str
     reason = check_reason(reason)
     scope_ref = _scope_of(engine, new_id)
     records = {r["record_id"]: r for r in engine.live_records(scope_ref)}
-    if family_ref not in _families(records.get(new_id)):
-        raise AdminUsageError(f"record {new_id} is not a current record of family {family_ref}")
+    if new_id not in records:
+        raise AdminRefusal(ILLEGAL_TRANSITION, f"record {new_id} is {_state(engine, scope_ref, new_id)}: only a"
+                           " current record supersedes another")
+    if family_ref not in _families(records[new_id]):
+        raise AdminUsageError(f"record {new_id} does not name family {family_ref} in its reconciliation.family_refs")
     olds = sorted(rid for rid, r in records.items() if rid != new_id and family_ref in _families(r))
     if not olds:
         raise AdminRefusal(NOTHING_MATCHES, f"no other current record of {scope_ref} is in family {family_ref}")

@@ -129,6 +129,31 @@ def test_each_command_on_a_closed_data_dir(tmp_path: Path) -> None:
     assert {w: found(data, w) for w in before} == before and before["amber"] == sorted([a, b])
 
 
+def test_supersede_by_family(tmp_path: Path) -> None:
+    data, family = tmp_path / "data", "family:deploy-target"
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False, consented_families=(family,)),
+                         clock=lambda: T0)
+    try:
+        c, ids = ctx(), []
+        for i, text in enumerate(["dune deploys to eu", "dune deploys to us", "dune deploys to asia"]):
+            args = capture_args(text, key=f"family-capture-{i:04d}", reconciliation={"family_refs": [family]})
+            cap = call(engine, "capture", c, args)
+            adm = call(engine, "request_admission", c,
+                       {"candidate_id": cap["candidate_id"], "idempotency_key": f"family-admit-{i:06d}"})
+            ids.append(adm["outcome"]["record_id"])
+        (other,) = admit_all(engine, ["dune unrelated"])
+    finally:
+        engine.close()
+    where = ["--data-dir", str(data)]
+    out = ok_json(["supersede", "--by", ids[2], "--family", family, "--reason", REASON, *where])
+    assert (out["record_ids"], out["related_record_id"], out["family_ref"]) == (sorted(ids[:2]), ids[2], family)
+    assert found(data, "dune") == sorted([ids[2], other])
+    refused(admin(["supersede", "--by", other, "--family", family, "--reason", REASON, *where]), 2, "record ")
+    refused(admin(["supersede", "--by", ids[2], "--family", family, "--reason", REASON, *where]), 1,
+            "NOTHING_MATCHES: ")
+    verified(where)
+
+
 def test_mistakes_and_refusals_are_one_line(tmp_path: Path) -> None:
     data = tmp_path / "data"
     engine = open_engine(data)
