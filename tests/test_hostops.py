@@ -354,3 +354,20 @@ def test_a_node_that_was_away_catches_up_on_every_operation(rig: Rig) -> None:
         rig.stack.callback(late.close)
         rig.engine = late
     assert {w: sorted(rig.search(w)) for w in words} == live
+
+
+def test_verify_catches_a_record_state_its_journal_does_not_lead_to(tmp_path: Path) -> None:
+    engine = Engine.open(duckdb_settings(tmp_path), clock=lambda: T0)
+    rig = Rig("duckdb", tmp_path, engine, engine)
+    try:
+        rid = rig.admit("amber planted")
+        dispute_with(engine, rid, REASON, T0)
+    finally:
+        engine.close()
+    assert verify_store(tmp_path / "data").ok
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "data" / "engram.duckdb")) as con:  # a state row edited behind the journal
+        con.execute("UPDATE records SET state = 'accepted_current' WHERE record_id = ?", [rid])
+    report = verify_store(tmp_path / "data")
+    assert any("state is not the one their journal events lead to" in p and rid in p for p in report.problems)
