@@ -594,7 +594,7 @@ class Engine:
             return
         try:
             added = self._project(scope_ref, gone, back, cursor)
-            if added and self.embedder is None:
+            if added and not self.semantic_ready():
                 self._index_stored_vectors(scope_ref, added, cursor)
             self.projections.lexical(scope_ref).set_cursor(str(cursor))
             self.projections.vectors(scope_ref).set_cursor(str(cursor))
@@ -604,13 +604,17 @@ class Engine:
             self._stale.add(scope_ref)
 
     def _index_stored_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
-        """An engine opened without the model (an admin command) puts the stored vectors of records
-        back to current into the vector index, as a rebuild would (those of the configured model,
-        by its digest): no embedding, and no index left short of the store's vectors."""
+        """An engine without its model ready (an admin command opens none; a server may still be
+        loading it, past its vector repair) puts the stored vectors of records back to current into
+        the vector index, as a rebuild would (those of the configured model, by its digest): no
+        embedding, and no index left short of the store's vectors."""
         from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
 
-        path = self.config.model_path or packaged_model_path()
-        digest = compute_model_digest(path) if path is not None else None
+        if self.embedder is not None:
+            digest = self.embedder.model_digest
+        else:
+            path = self.config.model_path or packaged_model_path()
+            digest = compute_model_digest(path) if path is not None else None
         sealed = self.db.embeddings_of([r["record_id"] for r in records], digest) if digest else {}
         ids, rows = [], []
         for rid, (key_ref, blob) in sorted(sealed.items()):
