@@ -135,28 +135,33 @@ def rewind_with(engine: Any, record_id: str, to_cursor: int, reason: str, now: i
 
 def apply_operation(engine: Any, request: dict[str, Any], now: int) -> dict[str, Any]:
     """One operation request (the owner's local route, server/admin_socket.py, and the CLI): its
-    ``operation`` names the call, the other fields its arguments. Raises AdminUsageError for a
-    malformed request."""
-    try:
-        op = request["operation"]
-        reason = str(request["reason"])
-        if op == "dispute":
-            return dispute_with(engine, str(request["record_id"]), reason, now)
-        if op == "resolve":
-            return resolve_with(engine, str(request["record_id"]), bool(request["current"]), reason, now)
-        if op == "supersede" and "family_ref" in request:
-            return supersede_family_with(engine, str(request["by"]), str(request["family_ref"]), reason, now)
-        if op == "supersede":
-            return supersede_with(engine, str(request["record_id"]), str(request["by"]), reason, now)
-        if op == "revoke_trust":
-            selectors = {k: str(request[k]) for k in TRUST_SELECTORS if k in request}
-            return revoke_trust_with(engine, str(request["scope_ref"]), reason, now, **selectors)
-        if op == "rewind":
-            return rewind_with(engine, str(request["record_id"]), int(request["to_cursor"]), reason, now)
-    except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, AdminUsageError):
-            raise
-        raise AdminUsageError(f"malformed host operation request ({type(exc).__name__})") from None
+    ``operation`` names the call, the other fields its arguments (strings; ``current`` a boolean,
+    ``to_cursor`` an integer). Raises AdminUsageError for a malformed request."""
+    def text(name: str) -> str:
+        value = request.get(name)
+        if not isinstance(value, str):
+            raise AdminUsageError(f"host operation request: {name} must be a string")
+        return value
+
+    op, reason = text("operation"), text("reason")
+    if op == "dispute":
+        return dispute_with(engine, text("record_id"), reason, now)
+    if op == "resolve":
+        if not isinstance(request.get("current"), bool):
+            raise AdminUsageError("host operation request: current must be true or false")
+        return resolve_with(engine, text("record_id"), request["current"], reason, now)
+    if op == "supersede" and "family_ref" in request:
+        return supersede_family_with(engine, text("by"), text("family_ref"), reason, now)
+    if op == "supersede":
+        return supersede_with(engine, text("record_id"), text("by"), reason, now)
+    if op == "revoke_trust":
+        selectors = {k: text(k) for k in TRUST_SELECTORS if k in request}
+        return revoke_trust_with(engine, text("scope_ref"), reason, now, **selectors)
+    if op == "rewind":
+        to_cursor = request.get("to_cursor")
+        if not isinstance(to_cursor, int) or isinstance(to_cursor, bool):
+            raise AdminUsageError("host operation request: to_cursor must be an integer")
+        return rewind_with(engine, text("record_id"), to_cursor, reason, now)
     raise AdminUsageError(f"unknown host operation {op!r}")
 
 

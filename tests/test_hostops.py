@@ -283,6 +283,11 @@ def test_illegal_transitions_are_refused_and_change_nothing(rig: Rig) -> None:
         lambda: supersede_with(rig.admin, a, a, REASON, rig.now),
         lambda: rewind_with(rig.admin, a, 10_000, REASON, rig.now),
         lambda: apply_operation(rig.admin, {"operation": "erase", "reason": REASON}, rig.now),
+        lambda: apply_operation(rig.admin, {"operation": "dispute", "reason": REASON}, rig.now),
+        lambda: apply_operation(rig.admin, {"operation": "resolve", "record_id": a, "current": "yes",
+                                            "reason": REASON}, rig.now),
+        lambda: apply_operation(rig.admin, {"operation": "rewind", "record_id": a, "to_cursor": "1",
+                                            "reason": REASON}, rig.now),
     ]
     for attempt in mistakes:
         before = rig.snapshot(rids)
