@@ -206,6 +206,9 @@ def _commit(engine: Any, scope_ref: str, operation: Operation, command: str, rec
     with engine._rw.write():  # the engine's write lock: one writer, as every mutation
         with engine.db.transaction() as uow:
             from_states = [_row_state(uow, scope_ref, rid) for rid in record_ids]
+            moved = [rid for rid, state in zip(record_ids, from_states, strict=True) if state != CURRENT]
+            if len(record_ids) > 1 and moved:  # chosen among the current records, before this transaction
+                raise AdminRefusal(ILLEGAL_TRANSITION, f"record {moved[0]} changed state meanwhile; run it again")
             to_state = _move(operation, record_ids, from_states)
             links: dict[str, Any] = {}
             if superseded_by is not None:
@@ -231,7 +234,7 @@ def _commit(engine: Any, scope_ref: str, operation: Operation, command: str, rec
                 "recorded_at": at,
                 "operation": operation.value,
                 **target,
-                "from_state": from_states[0] if len(set(from_states)) == 1 else "mixed",
+                "from_state": from_states[0],  # the same for all (current) when there are several
                 "to_state": to_state,
                 **links,
                 "authorization_receipt_digest": verdict["receipt_digest"],
