@@ -60,6 +60,13 @@ class Operation(StrEnum):
     WITHDRAW = "withdraw"
     EXPIRE = "expire"
     TOMBSTONE = "tombstone"  # the forget tool
+    # Host operations (engram-memory admin ...; store/hostops.py), never an agent's tool.
+    DISPUTE = "dispute"
+    RESOLVE_DISPUTE = "resolve_dispute"
+    SUPERSEDE = "supersede"
+    MARK_NON_CURRENT = "mark_non_current"
+    REWIND = "rewind"
+    TRUST_INVALIDATE = "trust_invalidate"
 
 
 # capture: (absent) -> pending
@@ -77,6 +84,13 @@ TRANSITIONS: Final[Mapping[tuple[Operation, State], State]] = MappingProxyType(
         (Operation.REJECT, CandidateState.PENDING): CandidateState.REJECTED,
         (Operation.WITHDRAW, CandidateState.PENDING): CandidateState.WITHDRAWN,
         **{(Operation.EXPIRE, s): RecordState.EXPIRED for s in _CURRENTISH},
+        (Operation.DISPUTE, RecordState.ACCEPTED_CURRENT): RecordState.ACCEPTED_DISPUTED,
+        (Operation.RESOLVE_DISPUTE, RecordState.ACCEPTED_DISPUTED): RecordState.ACCEPTED_CURRENT,
+        **{(Operation.SUPERSEDE, s): RecordState.HISTORICAL for s in _CURRENTISH[:2]},
+        # resolve --historical: the contract's mark_non_current (resolve_dispute leads only to current)
+        **{(Operation.MARK_NON_CURRENT, s): RecordState.HISTORICAL for s in _CURRENTISH[:2]},
+        (Operation.REWIND, RecordState.HISTORICAL): RecordState.ACCEPTED_CURRENT,
+        **{(Operation.TRUST_INVALIDATE, s): RecordState.TRUST_INVALID for s in _CURRENTISH},
         **{
             (Operation.TOMBSTONE, s): RecordState.TOMBSTONED
             for s in (*_CURRENTISH, RecordState.EXPIRED, RecordState.TRUST_INVALID)

@@ -34,7 +34,8 @@ EXIT_USAGE = 2
 
 admin_app = typer.Typer(
     name="admin",
-    help="Host-only maintenance: verify, backup/restore, expire, adjudicate, history, key rotation.",
+    help="Host-only maintenance: verify, backup/restore, expire, adjudicate, history, key rotation, lifecycle"
+    " operations (dispute, resolve, supersede, revoke-trust, rewind).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -762,6 +763,6 @@ def migrate_cmd(
          ["unreferenced key files (not copied)", report.unreferenced_keys],
          ["master key", f"{master_key_out} (start every node with --master-key-file pointing at a copy)"]]))
 
-# Commands in their own modules register on admin_app when imported (after everything above).
-# admin explain, admin check-receipt; admin export, admin import
-from engram_memory.server import admin_explain, admin_transfer  # noqa: E402,F401
+# Commands in their own modules register on admin_app when imported (after everything above):
+# admin explain, check-receipt; export, import; dispute, resolve, supersede, revoke-trust, rewind.
+from engram_memory.server import admin_explain, admin_lifecycle, admin_transfer  # noqa: E402,F401

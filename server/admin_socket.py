@@ -1,10 +1,13 @@
-"""The one host-only request the owner of a data dir answers on its socket: an online backup.
+"""The host-only requests the owner of a data dir answers on its socket: an online backup, and
+the host lifecycle operations (dispute, resolve, supersede, revoke trust, rewind).
 
-Not an MCP tool and not on any TCP listener: the route exists only on ``DATA_DIR/engram.sock``
+Not MCP tools and not on any TCP listener: the routes exist only on ``DATA_DIR/engram.sock``
 (mode 0600, owner-only directory), behind the same bearer check as the socket's /mcp, whose
 token only the data dir's user can read. DuckDB lets no second process read the store while
 a server holds it, so the owner copies it (store/backup.py ``snapshot``, under its engine's
-write lock) and streams the tar back; the CLI writes it (``engram-memory admin backup``).
+write lock) and streams the tar back; the CLI writes it (``engram-memory admin backup``). A
+host operation is applied by the owner in process (store/hostops.py, under its engine's write
+lock), so its projections follow at once; the CLI prints the answer (server/admin_lifecycle.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from typing import Any
 import anyio
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 BACKUP_PATH = "/admin/backup"
+HOSTOP_PATH = "/admin/hostop"
+# How the owner answers a host operation it did not apply (the CLI maps them back).
+REFUSED_STATUS, USAGE_STATUS = 409, 422
 
 
 def admin_routes(engine: Any) -> list[Route]:
@@ -48,7 +54,25 @@ def admin_routes(engine: Any) -> list[Route]:
         return FileResponse(tmp, media_type="application/x-tar",
                             background=BackgroundTask(_unlink, tmp))
 
-    return [Route(BACKUP_PATH, backup, methods=["POST"])]
+    async def hostop(request: Request) -> Response:
+        from engram_memory.store.hostops import apply_operation
+        from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            return PlainTextResponse("bad request\n", status_code=400)
+        try:
+            result = await anyio.to_thread.run_sync(apply_operation, engine, body, engine.clock())
+        except AdminRefusal as exc:
+            return JSONResponse({"code": exc.code, "message": str(exc)}, status_code=REFUSED_STATUS)
+        except AdminUsageError as exc:
+            return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
+        return JSONResponse(result)
+
+    return [Route(BACKUP_PATH, backup, methods=["POST"]), Route(HOSTOP_PATH, hostop, methods=["POST"])]
 
 
 def _unlink(path: Path) -> None:
@@ -60,8 +84,8 @@ class OwnerUnreachable(RuntimeError):
     """The process holding the data dir does not answer on its socket."""
 
 
-def request_backup(data_dir: Path, backup_key: bytes, out: Path) -> None:
-    """Ask the owner of ``data_dir`` for a backup and write it to ``out`` (0600)."""
+def _owner_client(data_dir: Path) -> Any:
+    """An HTTP client on the owner's socket, with the data dir's local bearer token."""
     import httpx2
 
     from engram_memory.server.local import read_local_key, socket_path
@@ -71,9 +95,43 @@ def request_backup(data_dir: Path, backup_key: bytes, out: Path) -> None:
     except (OSError, ValueError):
         raise OwnerUnreachable("its local host key is unreadable") from None
     transport = httpx2.HTTPTransport(uds=str(socket_path(data_dir)))
+    return httpx2.Client(transport=transport, headers={"Authorization": f"Bearer {token}"},
+                         timeout=httpx2.Timeout(30, read=600))
+
+
+def request_hostop(data_dir: Path, operation: dict[str, Any]) -> dict[str, Any]:
+    """Ask the owner of ``data_dir`` to apply a host operation; its answer, or the refusal
+    (AdminRefusal) or mistake (AdminUsageError) it answered."""
+    import httpx2
+
+    from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
     try:
-        with httpx2.Client(transport=transport, headers={"Authorization": f"Bearer {token}"},
-                           timeout=httpx2.Timeout(30, read=600)) as client, \
+        with _owner_client(data_dir) as client:
+            response = client.post("http://localhost" + HOSTOP_PATH, json=operation)
+    except httpx2.TransportError as exc:
+        raise OwnerUnreachable(f"its socket does not answer ({type(exc).__name__})") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise OwnerUnreachable(f"it answered HTTP {response.status_code}")
+    if response.status_code == REFUSED_STATUS:
+        raise AdminRefusal(str(answer["code"]), str(answer["message"]))
+    if response.status_code == USAGE_STATUS:
+        raise AdminUsageError(str(answer["message"]))
+    if response.status_code != 200:
+        raise OwnerUnreachable(f"it answered HTTP {response.status_code}")
+    return answer
+
+
+def request_backup(data_dir: Path, backup_key: bytes, out: Path) -> None:
+    """Ask the owner of ``data_dir`` for a backup and write it to ``out`` (0600)."""
+    import httpx2
+
+    try:
+        with _owner_client(data_dir) as client, \
                 client.stream("POST", "http://localhost" + BACKUP_PATH,
                               json={"backup_key": backup_key.hex()}) as response:
             if response.status_code != 200:

@@ -16,6 +16,7 @@ Contracts a backend must keep (the single-writer assumptions made explicit):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -141,11 +142,40 @@ class SealedRecord:
 
 @dataclass(frozen=True)
 class JournalChange:
-    """One journal event that changed what the projections hold (another node's, on a shared store)."""
+    """What one journal event did to one record the projections may hold (another node's, on a
+    shared store): ``current`` says whether the record is current (searchable) after it."""
 
     cursor: int
-    operation: str  # accept (a record added), tombstone or expire (a record removed)
+    operation: str  # accept, tombstone, expire, or a host operation (store/hostops.py)
     record_id: str
+    current: bool
+
+
+# The journal operations that change which records are current: the projections follow them.
+PROJECTED_OPERATIONS = ("accept", "tombstone", "expire", "dispute", "resolve_dispute", "supersede",
+                        "mark_non_current", "rewind", "trust_invalidate")
+
+
+def journal_changes_of(rows: Sequence[tuple[Any, str, str]]) -> list[JournalChange]:
+    """(cursor, operation, body) rows of PROJECTED_OPERATIONS, in cursor order, as changes: the
+    event's record(s) (``record_id``, or a revoke-trust's ``record_ids``) enter its ``to_state``;
+    a rewind's ``related_record_id`` its ``related_to_state``."""
+    out = []
+    for cursor, operation, body in rows:
+        event = json.loads(body)
+        current = event["to_state"] == "accepted_current"
+        for rid in event.get("record_ids") or [event["record_id"]]:
+            out.append(JournalChange(int(cursor), operation, rid, current))
+        if "related_to_state" in event:
+            out.append(JournalChange(int(cursor), operation, event["related_record_id"],
+                                     event["related_to_state"] == "accepted_current"))
+    return out
+
+
+def names_record(events: Sequence[dict[str, Any]], record_id: str) -> list[dict[str, Any]]:
+    """The events that name the record: as its target, its related record, or among its targets."""
+    return [e for e in events if record_id in (e.get("record_id"), e.get("related_record_id"))
+            or record_id in (e.get("record_ids") or ())]
 
 
 @dataclass(frozen=True)
@@ -276,6 +306,18 @@ class Store(Protocol):
     def verify_journal(self, scope_ref: str) -> bool: ...
 
     def journal_changes(self, scope_ref: str, after: int, through: int) -> list[JournalChange]: ...
+
+    def record_events(self, scope_ref: str, record_id: str) -> list[dict[str, Any]]:
+        """The journal events of a scope that name a record (as bodies, in cursor order)."""
+        ...
+
+    def record_scope(self, record_id: str) -> str | None:
+        """The scope of a record in any state (None: no such record)."""
+        ...
+
+    def record_principals(self, scope_ref: str, state: str) -> dict[str, str]:
+        """record_id -> the principal whose capture it was, for a scope's records in ``state``."""
+        ...
 
     # records (sealed; the caller decrypts)
     def referenced_keys(self) -> set[str]: ...

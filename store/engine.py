@@ -50,7 +50,7 @@ from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
-from engram_memory.store.backend import Store, StoreBusyError
+from engram_memory.store.backend import JournalChange, Store, StoreBusyError
 from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
@@ -598,20 +598,8 @@ class Engine:
             self._stale.discard(scope_ref)
             self._sync(scope_ref)  # what was committed while it rebuilt
             return
-        changes = self.db.journal_changes(scope_ref, applied, target)
-        gone = sorted({c.record_id for c in changes if c.operation != "accept"})
-        added_ids = [c.record_id for c in changes if c.operation == "accept" and c.record_id not in gone]
-        if gone:
-            self._views.removed(scope_ref, gone, target)
-            self.projections.remove(scope_ref, gone, target)
-        added = list(self._load_page(scope_ref, added_ids).values()) if added_ids else []
-        if added:
-            for record in added:
-                self._views.admitted(scope_ref, record["record_id"], self._window(record), target)
-            self.projections.add_lexical(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in added],
-                                         target)
-            if self.semantic_ready():
-                self._sync_vectors(scope_ref, added, target)
+        gone, added_ids = _net_changes(self.db.journal_changes(scope_ref, applied, target))
+        added = self._project(scope_ref, gone, added_ids, target)
         if not gone and not added:
             self.projections.lexical(scope_ref).set_cursor(str(target))
             self.projections.vectors(scope_ref).set_cursor(str(target))
@@ -619,6 +607,63 @@ class Engine:
         if view is not None and view.projection_cursor != target:
             self._views.drop(scope_ref)
         self.db.acknowledge(scope_ref, target)
+
+    def _project(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> list[dict[str, Any]]:
+        """Drop records that left the current state from the scope's view and projections and
+        index those that became current (an admission, or a host operation's return: their
+        stored vectors are indexed, not embedded again). Returns the records indexed."""
+        if gone:
+            self._views.removed(scope_ref, gone, cursor)
+            self.projections.remove(scope_ref, gone, cursor)
+        added = list(self._load_page(scope_ref, back).values()) if back else []
+        if added:
+            for record in added:
+                self._views.admitted(scope_ref, record["record_id"], self._window(record), cursor)
+            self.projections.add_lexical(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in added],
+                                         cursor)
+            if self.semantic_ready():
+                self._sync_vectors(scope_ref, added, cursor)
+        return added
+
+    def host_transition(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> None:
+        """After a host operation's commit (store/hostops.py), under the write lock: this node's
+        projections follow it at once. A node of a shared store (an admin node included) leaves
+        it to the journal: every node, this one too, catches up before its next read."""
+        if self.db.shared:
+            return
+        try:
+            self._settle_locked(scope_ref)  # admissions still waiting for their projections go in first
+            added = self._project(scope_ref, gone, back, cursor)
+            if added and not self.semantic_ready():
+                self._index_stored_vectors(scope_ref, added, cursor)
+            self.projections.lexical(scope_ref).set_cursor(str(cursor))
+            self.projections.vectors(scope_ref).set_cursor(str(cursor))
+        except Exception:  # noqa: BLE001 - committed: the scope is rebuilt from the store before its next use
+            log.exception("projection update after a host operation failed; the scope is rebuilt")
+            self._views.drop(scope_ref)
+            self._stale.add(scope_ref)
+
+    def _index_stored_vectors(self, scope_ref: str, records: list[dict[str, Any]], cursor: int) -> None:
+        """An engine without its model ready (an admin command opens none; a server may still be
+        loading it, past its vector repair) puts the stored vectors of records back to current into
+        the vector index, as a rebuild would (those of the configured model, by its digest): no
+        embedding, and no index left short of the store's vectors."""
+        from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
+
+        if self.embedder is not None:
+            digest = self.embedder.model_digest
+        else:
+            path = self.config.model_path or packaged_model_path()
+            digest = compute_model_digest(path) if path is not None else None
+        sealed = self.db.embeddings_of([r["record_id"] for r in records], digest) if digest else {}
+        ids, rows = [], []
+        for rid, (key_ref, blob) in sorted(sealed.items()):
+            dek = self.keys.load(key_ref)
+            if dek is not None:
+                ids.append(rid)
+                rows.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
+        if ids:
+            self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
 
     def _changed_elsewhere(self, scope_ref: str) -> None:
         """The store's watcher: another node changed the scope. A scope this node holds
@@ -644,9 +689,7 @@ class Engine:
         if not self.semantic_ready():
             return
         assert self.embedder is not None
-        changes = self.db.journal_changes(scope_ref, self._applied(scope_ref), target)
-        gone = {c.record_id for c in changes if c.operation != "accept"}
-        ids = [c.record_id for c in changes if c.operation == "accept" and c.record_id not in gone]
+        _gone, ids = _net_changes(self.db.journal_changes(scope_ref, self._applied(scope_ref), target))
         deadline = time.monotonic() + VECTOR_GRACE_S
         while ids and len(self.db.embeddings_of(ids, self.embedder.model_digest)) < len(ids) \
                 and time.monotonic() < deadline and not self._closed:
@@ -742,6 +785,15 @@ def _coverage(cursor: int) -> str:
             "complete": True,
         },
     )
+
+
+def _net_changes(changes: Sequence[JournalChange]) -> tuple[list[str], list[str]]:
+    """(records no longer current, sorted; records current now, in order): each record's last change
+    decides (a record disputed then resolved within the range is simply current)."""
+    last: dict[str, bool] = {}
+    for change in changes:
+        last[change.record_id] = change.current
+    return sorted(r for r, current in last.items() if not current), [r for r, current in last.items() if current]
 
 
 def _opt_int(value: Any) -> int | None:

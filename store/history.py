@@ -21,7 +21,7 @@ def event_instant(event: dict[str, Any]) -> str:
     ``recorded_at`` in the hashed body, as the reference engine does (REFERENCE_CONTRACT Q6:
     digest parity), so its own instant is the decision's ``issued_at`` (an operator's: ``decided_at``)."""
     decision = event.get("admission_decision") or {}
-    verdict = event.get("adjudication") or {}
+    verdict = event.get("adjudication") or event.get("host_operation") or {}
     return str(decision.get("issued_at") or verdict.get("decided_at") or event.get("recorded_at"))
 
 
@@ -39,9 +39,9 @@ def journal_listing(rows: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
         entry = {name: event.get(name) for name in JOURNAL_FIELDS}
         entry["cursor"], entry["event_hash"] = int(cursor), event_hash
         entry["at"] = event_instant(event)
-        adjudication = event.get("adjudication")
-        # The operator's own words (an adjudication) or the caller's reason reference.
-        entry["reason"] = adjudication["reason"] if adjudication else event.get("reason_ref")
+        operator = event.get("adjudication") or event.get("host_operation")
+        # The operator's own words (an adjudication, a host operation) or the caller's reason reference.
+        entry["reason"] = operator["reason"] if operator else event.get("reason_ref")
         out.append(entry)
     return out
 

@@ -13,6 +13,8 @@ STORE_INCONSISTENT = "STORE_INCONSISTENT"  # the journal verifies, but rows, key
 STORE_BUSY = "STORE_BUSY"  # another process holds the data dir and the command is not safe alongside it
 NOT_ADJUDICABLE = "NOT_ADJUDICABLE"  # the candidate is not awaiting an operator's decision
 RECEIPT_MISMATCH = "RECEIPT_MISMATCH"  # a receipt does not re-derive from the store, or disagrees with itself
+ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"  # a host operation the state machine does not allow from the record's state
+NOTHING_MATCHES = "NOTHING_MATCHES"  # revoke-trust or a family supersede found no current record to change
 
 
 class AdminRefusal(Exception):

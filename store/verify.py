@@ -9,6 +9,7 @@ an absent or foreign directory with NoStoreError, as ``rebuild-index`` does). It
   are the journal's head; a failure here is ``JOURNAL_CORRUPT`` (``VerifyReport.code``);
 * lifecycle rows against the journal: one capture event per candidate, a candidate's state
   matching its admission/withdraw event, a record per accepted candidate and none without one,
+  each record's state the one its events (admission, host operations, expiry, forget) lead to,
   a tombstone event (and a tombstoned payload) per tombstoned record;
 * digests (``deep``): a pending candidate's sealed payload still yields its payload and record
   digests; a live record's sealed body its record digest, record id and payload digest;
@@ -41,6 +42,7 @@ from engram_memory.store.backend import StoreBusyError
 from engram_memory.store.crypto import KeyStore, open_sealed
 from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
+from engram_memory.store.hostops import state_after
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
 from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
@@ -267,6 +269,20 @@ class _Verifier:
         states = dict(candidates)
         _listed(problems, "records without an accepted candidate",
                 [rid for rid, cid, _ in records if states.get(cid) != CandidateState.ACCEPTED])
+        # Each record's state is the one its journal events leave it in (accept, the host
+        # operations of store/hostops.py, expire, tombstone), folded in cursor order.
+        folded: dict[str, str] = {}
+        for row in self.store.journal_rows(scope_ref):
+            try:
+                event = json.loads(row[3])
+            except ValueError:
+                continue  # reported by journal()
+            for rid in {event.get("record_id"), event.get("related_record_id"), *(event.get("record_ids") or ())}:
+                state = state_after(event, rid) if rid else None
+                if state is not None and folded.get(rid) != RecordState.TOMBSTONED:
+                    folded[rid] = state
+        _listed(problems, "records whose state is not the one their journal events lead to",
+                [rid for rid, _, state in records if folded.get(rid) != state])
         tombstoned = self.store.tombstoned_records(scope_ref)
         bad = [rid for rid, _, state in records
                if (state == RecordState.TOMBSTONED) != ("tombstone" in ops.get(rid, []))

@@ -13,6 +13,15 @@ store/lifecycle.py:
   ``duplicate_exact`` (not a ledger entry); of a pending candidate whose payload equals a
   forgotten record of the scope ``pending_adjudication`` (a ledger entry like any answer; the candidate stays pending);
 * record: current -> forgotten (tombstoned); forget of a forgotten record is ALREADY_TERMINAL;
+  forget works from every other state (its receipt's from_state names it);
+* host operations (store/hostops.py, never an agent's tool): dispute current -> disputed; resolve
+  disputed -> current | historical; supersede (current | disputed) -> historical by a current
+  record of the same scope; revoke trust: every current record of the scope captured by a
+  principal (or citing a source) -> trust_invalid (none: NOTHING_MATCHES); rewind historical ->
+  current when the record was current at the cursor given, closing the record that superseded it
+  after that cursor if it is still current or disputed; every other move ILLEGAL_TRANSITION, an
+  unknown record, a record superseding itself or one of another scope a usage error. Only
+  current records are searched and got;
 * the ledger keeps the first committed answer per (scope, principal, key); a replay with the same
   tool and arguments answers it again, marked as a replay (capture: ``status`` becomes
   ``duplicate_exact``; the others: ``replayed`` becomes true), anything else under that key is
@@ -38,13 +47,33 @@ class Candidate:
     state: str = "pending"  # pending | accepted | rejected | withdrawn
     outcome: dict[str, Any] | None = None  # the committed admission outcome (accepted/rejected)
     record_id: str | None = None
+    principal: str = ""  # whose capture it was
+
+
+CURRENT, DISPUTED, HISTORICAL = "accepted_current", "accepted_disputed", "historical"
+TRUST_INVALID, TOMBSTONED = "trust_invalid", "tombstoned"
 
 
 @dataclass
 class Rec:
     scope: Scope
     text: str
-    current: bool = True
+    state: str = CURRENT
+    principal: str = ""
+    # (cursor, state after, superseded by) of each event that moved it (its acceptance first)
+    history: list[tuple[int, str, str | None]] = field(default_factory=list)
+
+    @property
+    def current(self) -> bool:
+        return self.state == CURRENT
+
+    @current.setter
+    def current(self, value: bool) -> None:  # a test's shorthand: current, or forgotten
+        self.state = CURRENT if value else TOMBSTONED
+
+    def moved(self, cursor: int, state: str, superseded_by: str | None = None) -> None:
+        self.state = state
+        self.history.append((cursor, state, superseded_by))
 
 
 @dataclass
@@ -58,9 +87,16 @@ class Bound:
 
 @dataclass(frozen=True)
 class Refusal:
-    """An expected EngramError code."""
+    """An expected EngramError code (a host operation's: an AdminRefusal code)."""
 
     code: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """An expected AdminUsageError (a host operation the operator got wrong)."""
+
+    why: str
 
 
 @dataclass
@@ -69,6 +105,7 @@ class ContractModel:
     records: dict[str, Rec] = field(default_factory=dict)
     ledger: dict[LedgerKey, Bound] = field(default_factory=dict)
     tombstoned: dict[Scope, set[str]] = field(default_factory=dict)  # forgotten payloads (by text)
+    high: dict[Scope, int] = field(default_factory=dict)  # each scope's journal head, as answers said
 
     # -- what an operation must do (before it runs) ---------------------------------------
 
@@ -108,9 +145,51 @@ class ContractModel:
         rec = self.records.get(rid)
         if rec is None or rec.scope != scope:
             return Refusal("NOT_FOUND")
-        if not rec.current:
+        if rec.state == TOMBSTONED:
             return Refusal("ALREADY_TERMINAL")
         return "forget"
+
+    # -- host operations: a Usage (the operator's mistake), a Refusal, or the moves they make ----
+
+    def host_single(self, rid: str, allowed: tuple[str, ...]) -> Usage | Refusal | None:
+        rec = self.records.get(rid)
+        if rec is None:
+            return Usage("unknown record")
+        return None if rec.state in allowed else Refusal("ILLEGAL_TRANSITION")
+
+    def superseding(self, old: str, new: str) -> Usage | Refusal | None:
+        if old not in self.records or new not in self.records:
+            return Usage("unknown record")
+        if old == new or self.records[old].scope != self.records[new].scope:
+            return Usage("itself or another scope")
+        if self.records[old].state not in (CURRENT, DISPUTED) or self.records[new].state != CURRENT:
+            return Refusal("ILLEGAL_TRANSITION")
+        return None
+
+    def revoking(self, scope: Scope, principal: str | None) -> list[str] | Refusal:
+        """The current records of the scope captured by ``principal`` (None: citing the one source
+        every capture cites), sorted; NOTHING_MATCHES when there is none."""
+        ids = sorted(rid for rid, r in self.records.items() if r.scope == scope and r.current
+                     and principal in (None, r.principal))
+        return ids or Refusal("NOTHING_MATCHES")
+
+    def rewinding(self, rid: str, to_cursor: int) -> Usage | Refusal | str | None:
+        """None (no record to close) or the record to close, when the rewind is legal."""
+        rec = self.records.get(rid)
+        if rec is None:
+            return Usage("unknown record")
+        if to_cursor >= self.high.get(rec.scope, 0):
+            return Usage("a cursor not before the head")
+        then = [state for cursor, state, _ in rec.history if cursor <= to_cursor]
+        if not then or then[-1] != CURRENT or rec.state != HISTORICAL:
+            return Refusal("ILLEGAL_TRANSITION")
+        later = [by for cursor, _, by in rec.history if cursor > to_cursor and by is not None]
+        if later and self.records[later[-1]].state in (CURRENT, DISPUTED):
+            return later[-1]
+        return None
+
+    def saw(self, scope: Scope, cursor: int) -> None:
+        self.high[scope] = max(self.high.get(scope, 0), cursor)
 
     def visible(self, scope: Scope, rid: str) -> Rec | None:
         rec = self.records.get(rid)

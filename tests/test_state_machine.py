@@ -15,7 +15,12 @@ forward). Every answer is compared with the plain-Python model in tests/contract
 * search and get never return another scope's record nor a forgotten one; get of a foreign,
   forgotten or unknown id is the same NOT_FOUND; a search for a word finds exactly the model's
   current records of the scope holding it (all pages, with their texts);
-* after every step the scope's current records and candidate count match the model.
+* host operations (store/hostops.py: dispute, resolve, supersede, revoke trust, rewind) move
+  records as the model's state machine says, or are refused (ILLEGAL_TRANSITION, NOTHING_MATCHES,
+  the operator's mistakes) without a journal event; forget then starts from every state they
+  reach, its receipt naming it;
+* after every step the scope's current records, every record's state and the candidate count
+  match the model.
 
 CI runs a few examples. The long run (300 sequences of up to 30 steps, about 3 minutes)::
 
@@ -64,15 +69,23 @@ from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.store.engine import Engine
+from engram_memory.store.hostops import dispute_with, resolve_with, revoke_trust_with, rewind_with, supersede_with
 from engram_memory.store.policy import _texts, contains_secret
 from engram_memory.store.postgres.backend import init_store
 from engram_memory.store.postgres.databases import create_database, drop_database
+from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 from tests.contract_model import (
+    CURRENT,
+    DISPUTED,
+    HISTORICAL,
+    TOMBSTONED,
+    TRUST_INVALID,
     Candidate,
     ContractModel,
     Rec,
     Refusal,
     Scope,
+    Usage,
     check_refusal,
     check_same,
     check_search,
@@ -99,6 +112,8 @@ SECRETS = (
     "postgres://admin:Sup3rS3cret@db.internal:5432/app",
 )
 MUTATIONS = ("capture", "request_admission", "withdraw", "forget")
+REASON = "the operator checked it"
+SOURCE = "doc:adr-7"  # the source every capture cites (tests/store_fixtures.py)
 
 STATS: Counter[str] = Counter()  # rules run, by name, over every example of the session
 
@@ -250,7 +265,8 @@ class ContractMachine(RuleBasedStateMachine):
         assert cid not in self.model.candidates, f"{what}: candidate id {cid} reused"
         text = args["payload"]["components"][0]["text"]
         secret = secret_kind(args["payload"], args["evidence"]) is not None
-        self.model.candidates[cid] = Candidate(scope, text, secret=secret)
+        self.model.candidates[cid] = Candidate(scope, text, secret=secret, principal=principal)
+        self.model.saw(scope, int(value["cursor"]))
         self.model.bind(lk, tool, args, value)
         return cid, scope
 
@@ -282,6 +298,7 @@ class ContractMachine(RuleBasedStateMachine):
             self.model.bind(lk, tool, args, value)  # bound to its key; the candidate stays pending
             return None
         cand.outcome = outcome
+        self.model.saw(scope, int(outcome["cursor"]))
         self.model.bind(lk, tool, args, value)
         if expect == "reject":
             assert outcome["status"] == "rejected" and "record_id" not in outcome, f"{what}: {outcome}"
@@ -293,7 +310,8 @@ class ContractMachine(RuleBasedStateMachine):
         assert rid == record_id_from_digest(captured["record_digest"]), f"{what}: record id not the predicted one"
         assert rid not in self.model.records, f"{what}: record id {rid} reused"
         cand.state, cand.record_id = "accepted", rid
-        self.model.records[rid] = Rec(scope, cand.text)
+        self.model.records[rid] = Rec(scope, cand.text, principal=cand.principal,
+                                      history=[(int(outcome["cursor"]), CURRENT, None)])
         return rid, scope
 
     def do_withdraw(self, scope: Scope, principal: str, args: dict[str, Any]) -> None:
@@ -314,6 +332,7 @@ class ContractMachine(RuleBasedStateMachine):
             "withdraw", "pending", "withdrawn")
         assert value["replayed"] is False and value["key_destruction"] == "complete", what
         self.model.candidates[args["candidate_id"]].state = "withdrawn"
+        self.model.saw(scope, int(receipt["cursor"]))
         self.model.bind(lk, tool, args, value)
 
     def do_forget(self, scope: Scope, principal: str, args: dict[str, Any]) -> None:
@@ -331,11 +350,13 @@ class ContractMachine(RuleBasedStateMachine):
         assert value is not None
         validate_output("forget", value)
         receipt = value["receipt"]
-        assert (receipt["operation"], receipt["from_state"], receipt["to_state"]) == (
-            "tombstone", "accepted_current", "tombstoned")
-        assert value["replayed"] is False and value["projection_invalidation"] == "complete", what
         rec = self.model.records[rid]
-        rec.current = False
+        assert (receipt["operation"], receipt["from_state"], receipt["to_state"]) == (
+            "tombstone", rec.state, "tombstoned"), what
+        assert value["replayed"] is False and value["projection_invalidation"] == "complete", what
+        STATS[f"forget_from_{rec.state}"] += 1
+        rec.moved(int(receipt["cursor"]), TOMBSTONED)
+        self.model.saw(scope, int(receipt["cursor"]))
         self.model.tombstoned.setdefault(scope, set()).add(rec.text)
         self.model.bind(lk, tool, args, value)
 
@@ -405,13 +426,13 @@ class ContractMachine(RuleBasedStateMachine):
         assert made is not None
         self.run_mutation(scope, principal, "request_admission", admission_args(made[0], self.key("admit")))
 
-    @precondition(lambda self: any(not r.current for r in self.model.records.values()))
+    @precondition(lambda self: any(r.state == TOMBSTONED for r in self.model.records.values()))
     @rule(pick=picks, principal=principals)
     def capture_forgotten_again(self, pick: int, principal: str) -> None:
         """Capture the content of a forgotten record again, in its scope, and ask for admission:
         pending_adjudication, never a silent re-admission."""
         self.count("capture_forgotten_again")
-        gone = [r for r in self.model.records.values() if not r.current]
+        gone = [r for r in self.model.records.values() if r.state == TOMBSTONED]
         rec = gone[pick % len(gone)]
         made = self.run_mutation(rec.scope, principal, "capture", capture_args(rec.text, self.key("capture")))
         assert made is not None
@@ -529,6 +550,141 @@ class ContractMachine(RuleBasedStateMachine):
         assert text == visible.text, f"{what}: text {text!r} != {visible.text!r}"
         STATS["get_found"] += 1
 
+    # -- host operations (never an agent's tool), on the engine whose turn it is -----------------
+
+    def host_op(self, what: str, scope: Scope | None, expect: Any, run: Any) -> dict[str, Any] | None:
+        """Run a host operation; a refusal or mistake must be the model's and journal nothing."""
+        scope_ref = host(scope, PRINCIPALS[0]).scope_ref if scope is not None else None
+        engine = self.engine
+        head = engine.db.high_water(scope_ref) if scope_ref else None
+        name = what.split()[0]
+        try:
+            result: dict[str, Any] = run(engine)
+        except AdminUsageError as exc:
+            STATS[f"host_{name}->usage"] += 1
+            assert isinstance(expect, Usage), f"{what}: expected {expect}, got a usage error: {exc}"
+        except AdminRefusal as exc:
+            STATS[f"host_{name}->{exc.code}"] += 1
+            assert isinstance(expect, Refusal), f"{what}: expected {expect}, refused with {exc.code}"
+            check_refusal(exc.code, expect, what)
+        else:
+            STATS[f"host_{name}->ok"] += 1
+            assert not isinstance(expect, Usage | Refusal), f"{what}: expected {expect}, it succeeded"
+            assert scope is not None and result["scope_ref"] == scope_ref, what
+            assert result["receipt"]["cursor"] == str(result["cursor"]) == str(head + 1 if head is not None else 0)
+            self.model.saw(scope, int(result["cursor"]))
+            self.dirty.add(scope)
+            return result
+        if scope_ref is not None:
+            assert engine.db.high_water(scope_ref) == head, f"{what}: a refused operation journalled"
+        return None
+
+    def host_target(self, pick: int, unknown: str | None) -> tuple[str, Scope | None]:
+        if unknown is not None:
+            return unknown, None
+        return self.record(pick)
+
+    @precondition(lambda self: self.model.records)
+    @rule(pick=picks, unknown=st.one_of(st.none(), st.none(), st.none(), fake_records))
+    def host_dispute(self, pick: int, unknown: str | None) -> None:
+        self.count("host_dispute")
+        rid, scope = self.host_target(pick, unknown)
+        expect = self.model.host_single(rid, (CURRENT,))
+        result = self.host_op(f"dispute {rid}", scope, expect, lambda e: dispute_with(e, rid, REASON, self.now))
+        if result is not None:
+            assert (result["from_state"], result["to_state"], result["record_ids"]) == (CURRENT, DISPUTED, [rid])
+            self.model.records[rid].moved(result["cursor"], DISPUTED)
+
+    @precondition(lambda self: self.model.records)
+    @rule(pick=picks, current=st.booleans(), unknown=st.one_of(st.none(), st.none(), st.none(), fake_records))
+    def host_resolve(self, pick: int, current: bool, unknown: str | None) -> None:
+        self.count("host_resolve")
+        rid, scope = self.host_target(pick, unknown)
+        expect = self.model.host_single(rid, (DISPUTED,))
+        result = self.host_op(f"resolve {rid}", scope, expect,
+                              lambda e: resolve_with(e, rid, current, REASON, self.now))
+        if result is not None:
+            to = CURRENT if current else HISTORICAL
+            assert (result["from_state"], result["to_state"]) == (DISPUTED, to), result
+            self.model.records[rid].moved(result["cursor"], to)
+
+    @precondition(lambda self: self.model.records)
+    @rule(old_pick=picks, new_pick=picks, same_scope=foreign.map(lambda f: not f))
+    def host_supersede(self, old_pick: int, new_pick: int, same_scope: bool) -> None:
+        """Mostly by another record of the same scope; sometimes by any record (another scope's, itself)."""
+        self.count("host_supersede")
+        old, scope = self.record(old_pick)
+        others = [rid for rid, r in self.model.records.items() if r.scope == scope and rid != old]
+        pool = others if same_scope and others else list(self.model.records)
+        new = pool[new_pick % len(pool)]
+        expect = self.model.superseding(old, new)
+        result = self.host_op(f"supersede {old} by {new}", scope, expect,
+                              lambda e: supersede_with(e, old, new, REASON, self.now))
+        if result is not None:
+            assert (result["from_state"], result["to_state"], result["related_record_id"]) == (
+                self.model.records[old].state, HISTORICAL, new), result
+            self.model.records[old].moved(result["cursor"], HISTORICAL, superseded_by=new)
+
+    @rule(scope=scopes, principal=principals, texts=st.tuples(texts, texts), rewind=st.booleans())
+    def supersede_and_rewind(self, scope: Scope, principal: str, texts: tuple[str, str], rewind: bool) -> None:
+        """Two new records of a scope, the first superseded by the second, then perhaps rewound to
+        its acceptance: the host's common path in one step (random picks reach it rarely)."""
+        self.count("supersede_and_rewind")
+        made = []
+        for text in texts:
+            cap = self.run_mutation(scope, principal, "capture", capture_args(text, self.key("capture")))
+            assert cap is not None
+            made.append(self.run_mutation(scope, principal, "request_admission",
+                                          admission_args(cap[0], self.key("admit"))))
+        if None in made:  # content forgotten before: held for adjudication
+            return
+        (old, _), (new, _) = made
+        self.host_supersede(old_pick=list(self.model.records).index(old),
+                            new_pick=[r for r, rec in self.model.records.items()
+                                      if rec.scope == scope and r != old].index(new), same_scope=True)
+        if rewind:
+            accepted = self.model.records[old].history[0][0]
+            self.host_rewind(pick=list(self.model.records).index(old), moment=0, back=0, unknown=None,
+                             to=accepted)
+
+    @rule(scope=scopes, principal=st.one_of(principals, st.none()))
+    def host_revoke_trust(self, scope: Scope, principal: str | None) -> None:
+        """Trust revoked for a principal's captures, or (None) for the source every capture cites."""
+        self.count("host_revoke_trust")
+        scope_ref = host(scope, PRINCIPALS[0]).scope_ref
+        expect = self.model.revoking(scope, principal) if scope in self.model.high else Usage("no such scope")
+        selector = {"principal": principal} if principal is not None else {"source_ref": SOURCE}
+        result = self.host_op(f"revoke-trust {selector} in {scope}", scope, expect,
+                              lambda e: revoke_trust_with(e, scope_ref, REASON, self.now, **selector))
+        if result is not None:
+            assert result["record_ids"] == expect and result["receipt"]["count"] == len(expect), result
+            for rid in result["record_ids"]:
+                self.model.records[rid].moved(result["cursor"], TRUST_INVALID)
+
+    @precondition(lambda self: self.model.records)
+    @rule(pick=picks, moment=picks, back=st.integers(0, 1),
+          unknown=st.one_of(st.none(), st.none(), st.none(), fake_records))
+    def host_rewind(self, pick: int, moment: int, back: int, unknown: str | None, to: int | None = None) -> None:
+        """Back to a cursor the record moved at (or the one before it); mostly a historical record."""
+        self.count("host_rewind")
+        rid, scope = self.host_target(pick, unknown)
+        historical = [r for r, rec in self.model.records.items() if rec.state == HISTORICAL]
+        if historical and unknown is None and pick % 4 and to is None:
+            rid = historical[pick % len(historical)]
+            scope = self.model.records[rid].scope
+        rec = self.model.records.get(rid)
+        cursors = [c for c, _, _ in rec.history] if rec is not None else [1]
+        to_cursor = max(0, cursors[moment % len(cursors)] - back) if to is None else to
+        expect = self.model.rewinding(rid, to_cursor)
+        result = self.host_op(f"rewind {rid} to {to_cursor}", scope, expect,
+                              lambda e: rewind_with(e, rid, to_cursor, REASON, self.now))
+        if result is not None:
+            assert (result["from_state"], result["to_state"]) == (HISTORICAL, CURRENT), result
+            assert result.get("related_record_id") == expect, result
+            self.model.records[rid].moved(result["cursor"], CURRENT)
+            if isinstance(expect, str):
+                self.model.records[expect].moved(result["cursor"], HISTORICAL)
+
     @rule(ms=st.integers(1, 3_600_000))
     def advance_clock(self, ms: int) -> None:
         self.count("advance_clock")
@@ -544,8 +700,13 @@ class ContractMachine(RuleBasedStateMachine):
         touched, self.dirty = self.dirty, set()
         for scope in [s for s in SCOPES if s in touched or not only_touched]:
             scope_ref = host(scope, PRINCIPALS[0]).scope_ref
-            live = {r["record_id"] for r in self.engine.live_records(scope_ref)}
+            engine = self.engine
+            live = {r["record_id"] for r in engine.live_records(scope_ref)}
             assert live == self.model.current(scope), f"current records of {scope}: {live} != model"
+            for rid, rec in self.model.records.items():
+                if rec.scope == scope:
+                    status = engine.db.record_state(scope_ref, rid)
+                    assert status is not None and status.state == rec.state, f"state of {rid}: {status} != {rec.state}"
             expected = sum(1 for cand in self.model.candidates.values() if cand.scope == scope)
             assert self.engine.candidate_count(scope_ref) == expected, f"candidates of {scope}"
 
@@ -626,7 +787,11 @@ def test_the_machine_catches_a_divergence(backend: str, request: pytest.FixtureR
             machine.get(pick=0, principal="p2", foreign=False, elsewhere=scope, unknown="mem_" + "a" * 52)
         with pytest.raises(AssertionError, match="current records"):
             machine.store_matches_model()
-        machine.model.records[rid].current = True  # right again: the end-of-sequence check passes
+        machine.model.records[rid].current = True  # right again
+        machine.model.records[rid].state = "accepted_disputed"  # wrong: it is current, a dispute is legal
+        with pytest.raises(AssertionError, match="dispute .*: expected Refusal"):
+            machine.host_dispute(pick=0, unknown=None)
+        # (the store disputed it: the model is right again, and the end-of-sequence check passes)
     finally:
         machine.teardown()
 

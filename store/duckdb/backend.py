@@ -19,6 +19,7 @@ import duckdb
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
+    PROJECTED_OPERATIONS,
     Candidate,
     DueExpiry,
     JournalChange,
@@ -33,6 +34,8 @@ from engram_memory.store.backend import (
     SealedRecord,
     StoreBusyError,
     StoreError,
+    journal_changes_of,
+    names_record,
     register_store_errors,
 )
 from engram_memory.store.dirlock import lock_data_dir
@@ -278,6 +281,21 @@ class Database:
             " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
         )}
 
+    def record_events(self, scope_ref: str, record_id: str) -> list[dict[str, Any]]:
+        # A substring match finds the candidates; the parsed body must name the record itself.
+        rows = self.all("SELECT body FROM journal WHERE scope_ref = ? AND strpos(body, ?) > 0 ORDER BY cursor",
+                        [scope_ref, record_id])
+        return names_record([json.loads(body) for (body,) in rows], record_id)
+
+    def record_scope(self, record_id: str) -> str | None:
+        row = self.one("SELECT scope_ref FROM records WHERE record_id = ?", [record_id])
+        return row[0] if row else None
+
+    def record_principals(self, scope_ref: str, state: str) -> dict[str, str]:
+        return {rid: p for rid, p in self.all(
+            "SELECT r.record_id, c.principal FROM records r JOIN candidates c USING (candidate_id)"
+            " WHERE r.scope_ref = ? AND r.state = ?", [scope_ref, state])}
+
     def current_records(self, scope_ref: str, state: str) -> list[SealedRecord]:
         return [SealedRecord(rid, scope_ref, key_ref, body) for rid, key_ref, body in self.all(
             "SELECT record_id, key_ref, body FROM records WHERE scope_ref = ? AND state = ?"
@@ -391,15 +409,16 @@ class Database:
 
 
 CHANGES_SQL = (
-    "SELECT cursor, operation, json_extract_string(body, '$.record_id') FROM journal"
-    " WHERE scope_ref = ? AND cursor > ? AND cursor <= ? AND operation IN ('accept', 'tombstone', 'expire')"
+    "SELECT cursor, operation, body FROM journal"
+    " WHERE scope_ref = ? AND cursor > ? AND cursor <= ?"
+    f" AND operation IN ({', '.join(repr(op) for op in PROJECTED_OPERATIONS)})"
     " ORDER BY cursor"
 )
 
 
 def _journal_changes(run: Callable[[str, list[Any]], list[tuple[Any, ...]]], scope_ref: str, after: int,
                      through: int) -> list[JournalChange]:
-    return [JournalChange(int(c), op, rid) for c, op, rid in run(CHANGES_SQL, [scope_ref, after, through])]
+    return journal_changes_of(run(CHANGES_SQL, [scope_ref, after, through]))
 
 
 def _ledger_lookup(con: duckdb.DuckDBPyConnection, scope_ref: str, principal: str,

@@ -35,6 +35,7 @@ from psycopg_pool import ConnectionPool
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
+    PROJECTED_OPERATIONS,
     Candidate,
     DueExpiry,
     JournalChange,
@@ -49,6 +50,8 @@ from engram_memory.store.backend import (
     SealedRecord,
     StoreError,
     StoreRefused,
+    journal_changes_of,
+    names_record,
     register_store_errors,
 )
 from engram_memory.store.crypto import unwrap, wrap
@@ -277,11 +280,26 @@ class PostgresStore:
         return True
 
     def journal_changes(self, scope_ref: str, after: int, through: int) -> list[JournalChange]:
-        return [JournalChange(int(c), op, rid) for c, op, rid in self.all(
-            "SELECT cursor, operation, body::json->>'record_id' FROM journal WHERE scope_ref = %s"
-            " AND cursor > %s AND cursor <= %s AND operation IN ('accept', 'tombstone', 'expire') ORDER BY cursor",
-            [scope_ref, after, through],
-        )]
+        return journal_changes_of(self.all(
+            "SELECT cursor, operation, body FROM journal WHERE scope_ref = %s"
+            " AND cursor > %s AND cursor <= %s AND operation = ANY(%s) ORDER BY cursor",
+            [scope_ref, after, through, list(PROJECTED_OPERATIONS)],
+        ))
+
+    def record_events(self, scope_ref: str, record_id: str) -> list[dict[str, Any]]:
+        # A substring match finds the candidates; the parsed body must name the record itself.
+        rows = self.all("SELECT body FROM journal WHERE scope_ref = %s AND strpos(body, %s) > 0 ORDER BY cursor",
+                        [scope_ref, record_id])
+        return names_record([json.loads(body) for (body,) in rows], record_id)
+
+    def record_scope(self, record_id: str) -> str | None:
+        row = self.one("SELECT scope_ref FROM records WHERE record_id = %s", [record_id])
+        return row[0] if row else None
+
+    def record_principals(self, scope_ref: str, state: str) -> dict[str, str]:
+        return {rid: p for rid, p in self.all(
+            "SELECT r.record_id, c.principal FROM records r JOIN candidates c USING (candidate_id)"
+            " WHERE r.scope_ref = %s AND r.state = %s", [scope_ref, state])}
 
     # -- ledger --------------------------------------------------------------------------
 
