@@ -239,9 +239,9 @@ def records_at(engine: Any, scope_ref: str, cursor: int) -> tuple[dict[str, dict
     ids of those current then whose content is gone since (forgotten: their keys are destroyed)."""
     live: dict[str, None] = {}
     for change in engine.db.journal_changes(scope_ref, 0, cursor):
-        if change.operation == "accept":
+        if change.current:  # accepted, or back to current (a resolve, a rewind)
             live[change.record_id] = None
-        else:  # tombstone, expire: out of the projections
+        else:  # tombstoned, expired, disputed, superseded, trust revoked: out of the projections
             live.pop(change.record_id, None)
     records = {}
     for sealed in engine.db.load_records(list(live)):

@@ -397,3 +397,27 @@ def test_the_servers_settings_come_from_its_config(tmp_path: Path) -> None:
     config.write_text("rerank = 3\n", encoding="utf-8")
     proc = admin(explain_args(data_dir, receipt, "--config", str(config)))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_host_operations_are_replayed_as_of_the_receipt(lexical_store: tuple[Path, list[str], dict[str, Any]],
+                                                        tmp_path: Path) -> None:
+    """A record disputed after a receipt still counts for it; one resolved back to current counts
+    again for a receipt taken after the resolve (store/hostops.py events, replayed in order)."""
+    from engram_memory.store.hostops import dispute_with, resolve_with
+
+    data_dir, ids, early = lexical_store
+    ranked = [e["record_id"] for e in early["rank_receipt"]["ranked"]]
+    target = next(rid for rid in ids if rid in ranked)
+    engine = open_lexical(data_dir)
+    try:
+        dispute_with(engine, target, "contradicted by the runbook", T0)
+        disputed = search(engine)
+        assert target not in [e["record_id"] for e in disputed["rank_receipt"]["ranked"]]
+        resolve_with(engine, target, True, "the runbook was wrong", T0)
+        resolved = search(engine)
+        assert target in [e["record_id"] for e in resolved["rank_receipt"]["ranked"]]
+    finally:
+        engine.close()
+    for value, name in ((early, "early.json"), (disputed, "disputed.json"), (resolved, "resolved.json")):
+        proc = admin(explain_args(data_dir, write(tmp_path / name, value), "--json"))
+        assert proc.returncode == 0, (name, proc.stdout, proc.stderr)
