@@ -282,6 +282,14 @@ class Grower:
         bar.close()
         return time.perf_counter() - t0
 
+    def next_captures(self, count: int) -> list[dict[str, Any]]:
+        """Capture arguments of the next ``count`` documents, for a host to send (the MCP ingest)."""
+        out = []
+        for _ in range(count):
+            out.append(capture_args(BENCH_DATASET, Doc(f"r{self.n:07d}", "", next(self.texts)), self.mapping))
+            self.n += 1
+        return out
+
     def single_ops(self, count: int) -> tuple[list[float], list[float]]:
         timings: tuple[list[float], list[float]] = ([], [])
         for _ in range(count):
@@ -309,6 +317,9 @@ def _search_latency(engine: Any, queries: Sequence[str], warmup: int = 5, hybrid
 def _normalised(q: str) -> str:
     """The query text search() hands to its channels and to encode() (validated: NFC)."""
     return str(validated("search", {"query": q, "purpose_ref": PURPOSE}).query)
+
+
+INGEST_DOCS = 200  # documents a host ingests through the stdio server per size (issue 23 §4)
 
 
 def _ops(samples: Sequence[float]) -> dict[str, Any]:
@@ -433,13 +444,21 @@ def run_bench(
         with _open_engine(store, "hybrid", rerank=False) as engine:
             row["search"]["hybrid_without_rerank"] = pcts(_search_latency(engine, queries))
         row["peak_rss_mib"] = peak_rss_mib()
+        ingest = grower.next_captures(INGEST_DOCS) if mcp else []
+        if ingest:
+            _say(f"{size:,}: the ingest floor (one batch encode, one Tantivy commit) of {len(ingest)} documents")
+            with _open_engine(store, "hybrid") as engine:
+                engine.wait_semantic(600)
+                row["ingest_floor"] = _guarded("ingest floor", ingest_floor, engine, ingest)
         # What a host sees: the same store through the real stdio server (the engine is closed;
         # the next size reopens it once the server has exited).
         if mcp:
             _say(f"{size:,}: hybrid searches through a real stdio server (MCP SDK client)")
             row["mcp"] = _mcp_row(store, queries, out / f"mcp-server-{size}.stderr",
                                   fusion=str(fusion.value if hasattr(fusion, "value") else fusion) if fusion else None,
-                                  threads=threads)
+                                  threads=threads, ingest=ingest)
+            for rid, args in zip(row["mcp"].get("ingest", {}).pop("record_ids", []), ingest, strict=False):
+                grower.by_record[rid] = args["payload"]["components"][0]["text"]  # the peer's next size has them
         else:
             row["mcp"] = {"skipped": "--no-mcp"}
         row["ratios"] = compute_ratios(row)
@@ -492,14 +511,36 @@ def _guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {"error": msg}
 
 
+def ingest_floor(engine: Any, captures: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What making ``captures`` searchable costs at the least: their texts encoded in one batch by the
+    engine's embedder, and their lexical documents put in a fresh Tantivy index with one commit."""
+    import tempfile
+
+    from engram_memory.retrieval.lexical import LexicalDoc
+    from engram_memory.retrieval.projections import Projections
+    from engram_memory.store.lifecycle import lexical_fields
+
+    records = [{**args["payload"], "record_id": f"floor-{i}"} for i, args in enumerate(captures)]
+    texts = ["\n".join(c["text"] for c in r["components"]) for r in records]
+    with tempfile.TemporaryDirectory(prefix="engram-floor-") as tmp:
+        projections = Projections(Path(tmp), lexical_config=engine.projections.lexical_config)
+        t = time.perf_counter()
+        engine.embedder.encode(texts)
+        encode_s = time.perf_counter() - t
+        projections.add_lexical("floor", [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records], 1)
+        seconds = time.perf_counter() - t
+        projections.close()
+    return {"documents": len(captures), "seconds": seconds, "encode_s": encode_s, "commit_s": seconds - encode_s}
+
+
 def _mcp_row(store: Path, queries: Sequence[str], log_path: Path, fusion: str | None,
-             threads: int | None) -> dict[str, Any]:
+             threads: int | None, ingest: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The stdio-server measurements; a failure is recorded (and printed), never fatal to the run."""
     from engram_memory.eval.bench_mcp import McpBenchError, leaf_message, mcp_bench
 
     try:
         return mcp_bench(store, host_context(BENCH_DATASET), queries, log_path, limit=LIMIT, fusion=fusion,
-                         threads=threads)
+                         threads=threads, ingest=ingest)
     except Exception as exc:  # noqa: BLE001 -- hours of ingest must not be lost to a server problem
         msg = str(exc) if isinstance(exc, McpBenchError) else leaf_message(exc)
         print(f"bench: MCP run failed ({msg}); see {log_path}", file=sys.stderr)

@@ -8,7 +8,12 @@ store with the bench's own host context (tenant, workspace, principal, agent and
 * hybrid searches at limit 10 with exactly the in-process arguments;
 * the cheapest tool calls: ``get`` of an unknown well-formed ``mem_`` id (a NOT_FOUND envelope)
   and ``get`` of a malformed id (refused by validation); the cheaper p50 is "the cheapest call";
-* an MCP ``ping`` (no tool: the protocol floor), for reference only.
+* an MCP ``ping`` (no tool: the protocol floor), for reference only;
+* the server's memory: resident set once it is ready (idle, the model loaded), and its peak
+  after the searches (``VmHWM``);
+* ingest as a host does it (``ingest``): one ``capture`` and one ``request_admission`` per
+  document, then one hybrid search -- the time until every document is searchable by both
+  channels (a search projects what admissions left waiting: store/projector.py).
 
 Each call is timed from ``call_tool`` to its parsed result, as a host's agent loop waits for it.
 """
@@ -33,10 +38,10 @@ START_ATTEMPTS = 4  # a server refused with "data dir in use" is started again a
 UNKNOWN_ID = "mem_" + base64.b32encode(hashlib.sha256(b"engram-bench-unknown").digest()).decode().rstrip("=").lower()
 
 
-def serve_argv(store: Path, ctx: Any, fusion: str | None = None) -> list[str]:
+def serve_argv(store: Path, ctx: Any, fusion: str | None = None, tools: str = "search,get") -> list[str]:
     argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(store),
             "--tenant", ctx.tenant, "--workspace", ctx.workspace, "--principal", ctx.principal,
-            "--agent-id", ctx.agent_id, "--purpose-ref", ctx.purpose_ref, "--tools", "search,get"]
+            "--agent-id", ctx.agent_id, "--purpose-ref", ctx.purpose_ref, "--tools", tools]
     if fusion:
         argv += ["--fusion", fusion]
     return argv
@@ -65,15 +70,17 @@ class McpBenchError(RuntimeError):
 
 def mcp_bench(store: Path, ctx: Any, queries: Sequence[str], log_path: Path, *, limit: int,
               fusion: str | None = None, threads: int | None = None, calls: int | None = None,
-              ready_timeout: float = READY_TIMEOUT_S, warmup: int = 5) -> dict[str, Any]:
-    """Start the server on ``store``, time searches and the cheapest calls, stop it. Blocking."""
+              ready_timeout: float = READY_TIMEOUT_S, warmup: int = 5,
+              ingest: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Start the server on ``store``, time searches and the cheapest calls (and ``ingest``: capture
+    arguments of new documents), stop it. Blocking."""
     import anyio
 
-    argv = serve_argv(store, ctx, fusion)
+    argv = serve_argv(store, ctx, fusion, "search,get,capture,request_admission" if ingest else "search,get")
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             res = anyio.run(_run, argv, server_env(threads), ctx, list(queries), log_path, limit,
-                            calls or len(queries), ready_timeout, warmup)
+                            calls or len(queries), ready_timeout, warmup, list(ingest))
             res["start_attempts"] = attempt
             return res
         except Exception as exc:  # noqa: BLE001 -- reported as one line by the caller
@@ -102,8 +109,37 @@ def log_tail(path: Path) -> str:
     return (errors or lines or [""])[-1][:400]
 
 
+def _server_pid() -> int | None:
+    """The stdio server: this process's child running ``serve`` (the SDK does not expose it)."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields[1] == me and b"serve" in cmdline:
+            return int(stat.parent.name)
+    return None
+
+
+def memory_mib(pid: int | None) -> dict[str, float]:
+    """Resident set now and its peak (``VmRSS``, ``VmHWM`` of /proc/PID/status), in MiB."""
+    out: dict[str, float] = {}
+    if pid is None:
+        return out
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out["rss_mib" if name == "VmRSS" else "peak_rss_mib"] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
+
+
 async def _run(argv: list[str], env: dict[str, str], ctx: Any, queries: list[str], log_path: Path, limit: int,
-               calls: int, ready_timeout: float, warmup: int) -> dict[str, Any]:
+               calls: int, ready_timeout: float, warmup: int, ingest: list[dict[str, Any]]) -> dict[str, Any]:
     import anyio
     from mcp import ClientSession, StdioServerParameters, stdio_client
     from mcp.shared.exceptions import MCPError
@@ -149,6 +185,8 @@ async def _run(argv: list[str], env: dict[str, str], ctx: Any, queries: list[str
                     await anyio.sleep(0.25)
                 res["ready_s"] = time.perf_counter() - t_spawn
                 res["ready_refusals"] = refusals
+                pid = _server_pid()
+                res["server_idle"] = memory_mib(pid)  # the model loaded, one search answered
 
                 # Hybrid searches, the in-process arguments.
                 for q in queries[:warmup]:
@@ -189,9 +227,40 @@ async def _run(argv: list[str], env: dict[str, str], ctx: Any, queries: list[str
                     if i >= warmup:
                         ping.append(time.perf_counter() - t)
                 res["ping"] = pcts(ping)
+                res["server_after_searches"] = memory_mib(pid)
+                if ingest:
+                    res["ingest"] = await _ingest(call, session, ctx, ingest, limit)
+                    res["server_after_ingest"] = memory_mib(pid)
     candidates = {name: res[name] for name in ("get_not_found", "get_invalid") if res.get(name)}
     if candidates:
         name = min(candidates, key=lambda k: candidates[k]["p50"])
         res["cheapest"] = {"call": name, **candidates[name]}
     res["policy"] = dict(HYBRID_POLICY)
     return res
+
+
+async def _ingest(call: Any, session: Any, ctx: Any, captures: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """Each document captured and admitted through the tools, then one hybrid search: until it
+    answers, not every document is searchable by both channels."""
+    from engram_memory.eval.ingest import admission_args
+
+    admissions: list[float] = []
+    record_ids: list[str] = []
+    t0 = time.perf_counter()
+    for args in captures:
+        _, cap = await call(session, "capture", args)
+        if not cap.get("ok"):
+            raise McpBenchError(f"capture failed: {(cap.get('error') or {}).get('code')}")
+        candidate = cap["output"]["value"]["candidate_id"]
+        dt, adm = await call(session, "request_admission", admission_args(candidate))
+        if not adm.get("ok") or adm["output"]["value"]["outcome"]["status"] != "accepted":
+            raise McpBenchError(f"admission failed: {adm.get('error') or adm['output']['value']['outcome']}")
+        admissions.append(dt)
+        record_ids.append(adm["output"]["value"]["outcome"]["record_id"])
+    query = captures[-1]["payload"]["components"][0]["text"][:200]
+    _, found = await call(session, "search", search_args(query, ctx.purpose_ref, limit, hybrid=True))
+    seconds = time.perf_counter() - t0
+    if not found.get("ok"):
+        raise McpBenchError(f"search after ingest failed: {(found.get('error') or {}).get('code')}")
+    return {"documents": len(captures), "seconds": seconds, "docs_per_s": len(captures) / seconds,
+            "admission": pcts(admissions), "record_ids": record_ids}

@@ -34,6 +34,9 @@ from engram_memory.models.limits import CHANNEL_DEPTH
 
 HYBRID_POLICY = {"minimum_channels": "lexical_and_semantic", "network": "forbid"}
 SEARCHERS = 4  # concurrent searchers of the concurrency target
+ADMISSION_P50_MS = 30.0  # issue 23 §4: at 10k records
+SERVE_PEAK_MIB = 600  # issue 23 §5: serve with 10k records, after the bench's searches
+SERVE_IDLE_MIB = 350  # ... and idle with the model loaded
 
 # (key, label, op, target): the order is the report order.
 TARGETS: tuple[tuple[str, str, str, float], ...] = (
@@ -43,6 +46,10 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("rerank_overhead", "hybrid/hybrid without the rerank stage p50", "<=", 1.1),
     ("concurrency", f"{SEARCHERS} searchers/1 throughput", ">=", 1.6),
     ("mcp_vs_in_process", "MCP hybrid/(in-process hybrid + cheapest call) p50", "<=", 1.3),
+    ("ingest_vs_floor", "MCP ingest until searchable/bulk floor", "<=", 1.25),
+    ("admission_p50", f"admission p50/{ADMISSION_P50_MS:.0f} ms", "<=", 1.0),
+    ("serve_peak_rss", f"serve peak RSS after searches/{SERVE_PEAK_MIB} MiB", "<=", 1.0),
+    ("serve_idle_rss", f"serve idle RSS (model loaded)/{SERVE_IDLE_MIB} MiB", "<=", 1.0),
 )
 
 
@@ -114,6 +121,17 @@ def compute_ratios(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     floor = hybrid + cheapest if hybrid is not None and cheapest is not None else None
     reason = mcp.get("error") or (mcp.get("skipped") and f"skipped: {mcp['skipped']}") or "no MCP run"
     out["mcp_vs_in_process"] = ratio_entry(label, _get(mcp, "hybrid", "p50"), floor, op, target, reason=reason)
+    label, op, target = spec["ingest_vs_floor"]
+    out["ingest_vs_floor"] = ratio_entry(label, _get(mcp, "ingest", "seconds"), _get(row, "ingest_floor", "seconds"),
+                                         op, target, unit="s", reason=reason)
+    label, op, target = spec["admission_p50"]
+    out["admission_p50"] = ratio_entry(label, _get(row, "admission", "p50"), ADMISSION_P50_MS, op, target)
+    label, op, target = spec["serve_peak_rss"]
+    out["serve_peak_rss"] = ratio_entry(label, _get(mcp, "server_after_searches", "peak_rss_mib"), SERVE_PEAK_MIB,
+                                        op, target, unit="MiB", reason=reason)
+    label, op, target = spec["serve_idle_rss"]
+    out["serve_idle_rss"] = ratio_entry(label, _get(mcp, "server_idle", "rss_mib"), SERVE_IDLE_MIB, op, target,
+                                        unit="MiB", reason=reason)
     return out
 
 
@@ -185,6 +203,24 @@ def breakdown_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
         if mcp.get("client_cpu_ms_per_search") is not None:
             cells.append(f"| {int(size):,} | MCP client CPU per search (mean, bench process) "
                          f"| {_num(mcp['client_cpu_ms_per_search'])} | |")
+        ingest, floor = mcp.get("ingest") or {}, row.get("ingest_floor") or {}
+        if ingest.get("seconds") is not None:
+            n = ingest["documents"]
+            cells.append(f"| {int(size):,} | MCP ingest: {n} x (capture + request_admission), then a search: "
+                         f"{_num(ingest['seconds'] * 1e3)} ms in all | {_num(ingest['seconds'] * 1e3 / n)} per doc | |")
+            cells.append(f"| {int(size):,} | MCP request_admission | {_num(ingest['admission']['p50'])} "
+                         f"| {_num(ingest['admission']['p95'])} |")
+        if floor.get("seconds") is not None:
+            cells.append(f"| {int(size):,} | ingest floor, {floor['documents']} docs: batch encode "
+                         f"{_num(floor['encode_s'] * 1e3)} + one Tantivy commit {_num(floor['commit_s'] * 1e3)} ms "
+                         f"| {_num(floor['seconds'] * 1e3 / floor['documents'])} per doc | |")
+        for key, label in (("server_idle", "serve RSS, idle with the model (MiB)"),
+                           ("server_after_searches", "serve RSS after the searches: now / peak (MiB)"),
+                           ("server_after_ingest", "serve RSS after the ingest: now / peak (MiB)")):
+            if mcp.get(key):
+                mem = mcp[key]
+                cells.append(f"| {int(size):,} | {label} | {_num(mem.get('rss_mib'))} "
+                             f"| {_num(mem.get('peak_rss_mib'))} |")
         if mcp.get("error"):
             cells.append(f"| {int(size):,} | MCP run failed: {mcp['error']} | | |")
         lines += cells

@@ -117,10 +117,10 @@ def test_semantic_only_hits_below_the_floor_are_dropped(built, tmp_path: Path) -
 @pytest.mark.parametrize("hnsw_threshold", [50_000, 3], ids=["exact", "hnsw"])
 def test_forget_purges_vector_and_embedding(tmp_path: Path, hnsw_threshold: int) -> None:
     engine, ids = build(tmp_path / "f", hnsw_threshold=hnsw_threshold)
+    engine.settle()  # admissions are projected in groups: embedded and indexed now
     kind = "exact" if hnsw_threshold > len(DOCS) else "hnsw"
     assert engine.projections.vectors(ctx().scope_ref).kind == kind
     try:
-        engine.settle()  # admissions are projected in groups: embedded and on disk now
         stored = engine.stored_vectors(ctx().scope_ref)
         vec = normalize_rows(stored[1][stored[0].index(ids[2])][None, :])[0].tobytes()
         engine.projections.vectors(ctx().scope_ref).save()  # saves are batched: put the bytes on disk
