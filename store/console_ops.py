@@ -2,7 +2,7 @@
 its digest before it runs, and run only when the confirmed digest still matches.
 
 Adjudication is store/adjudicate.py's; dispute, resolve, supersede and revoke trust are the host
-lifecycle API of store/hostops.py (imported when one runs); forget is the agent's own forget
+lifecycle API of store/hostops.py; forget is the agent's own forget
 (Engine.forget: one tombstone event, the key destroyed, the projections purged), run for the
 operator, whose confirmation replaces the host's confirmation guard:
 
@@ -22,6 +22,7 @@ import secrets
 from typing import Any
 
 from engram_memory.models.limits import CONFIRM_TTL_S
+from engram_memory.store import hostops
 from engram_memory.store.adjudicate import check_reason
 from engram_memory.store.console_reads import operator_context, record_console_call
 from engram_memory.store.ledger import intent_hash
@@ -87,17 +88,13 @@ def digest(operation: str, request: dict[str, Any]) -> str:
     """What the operator confirms: the forget request's intent hash, or the host operation's digest."""
     if operation == "forget":
         return intent_hash("forget", request)
-    from engram_memory.store.hostops import operation_digest  # type: ignore[import-not-found,unused-ignore]
-
-    return str(operation_digest(request))
+    return str(hostops.operation_digest(request))
 
 
 def run(engine: Any, operation: str, request: dict[str, Any], now: int, session: str) -> dict[str, Any]:
     """Run a confirmed request; returns the operation's result (its receipt included)."""
     if operation == "forget":
         return _forget(engine, request, session)
-    from engram_memory.store import hostops  # type: ignore[attr-defined,unused-ignore]
-
     reason = request["reason"]
     if operation == "dispute":
         result = hostops.dispute_with(engine, request["record_id"], reason, now)

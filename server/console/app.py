@@ -342,8 +342,6 @@ class _Console:
                                 self.state.clock() + console_ops.CONFIRM_TTL_S)
         try:
             pending = await self.call(prepare)
-        except ModuleNotFoundError as exc:
-            raise _without_hostops(exc) from None
         except (AdminUsageError, AdminRefusal) as exc:
             raise HTTPException(_status(exc), _refusal(exc)) from None
         nonce = secrets.token_urlsafe(24)
@@ -374,8 +372,6 @@ class _Console:
             return result
         try:
             result = await self.call(run)
-        except ModuleNotFoundError as exc:
-            raise _without_hostops(exc) from None
         except (AdminUsageError, AdminRefusal) as exc:
             raise HTTPException(_status(exc), _refusal(exc)) from None
         return self.page(request, "result.html", {"scope": console_reads.scope_pair(ref),
@@ -397,13 +393,6 @@ class _Console:
         now = self.state.clock()
         for nonce in [n for n, c in self.state.confirmations.items() if c.expires <= now]:
             del self.state.confirmations[nonce]
-
-
-def _without_hostops(exc: ModuleNotFoundError) -> Exception:
-    """A build without the host lifecycle API answers 501 for those operations; anything else is a bug."""
-    if exc.name != "engram_memory.store.hostops":
-        return exc
-    return HTTPException(501, "The host lifecycle operations (store/hostops.py) are not in this build.")
 
 
 def _session_tag(sid: str) -> str:
