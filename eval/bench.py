@@ -319,7 +319,7 @@ def _normalised(q: str) -> str:
     return str(validated("search", {"query": q, "purpose_ref": PURPOSE}).query)
 
 
-INGEST_DOCS = 200  # documents a host ingests through the stdio server per size (issue 23 §4)
+INGEST_DOCS = 200  # documents a host ingests through the stdio server per size (issue 23 §4), by default
 
 
 def _ops(samples: Sequence[float]) -> dict[str, Any]:
@@ -342,6 +342,7 @@ def run_bench(
     mcp: bool = True,
     profile: int = 0,
     searchers: int = SEARCHERS,
+    ingest_docs: int = INGEST_DOCS,
 ) -> dict[str, Any]:
     """``resume`` keeps a store an earlier bench grew (same ``out`` or ``store_dir``) and grows it
     on, so a new engine build is measured at 100k without an hour of re-ingest; sizes the store
@@ -444,7 +445,7 @@ def run_bench(
         with _open_engine(store, "hybrid", rerank=False) as engine:
             row["search"]["hybrid_without_rerank"] = pcts(_search_latency(engine, queries))
         row["peak_rss_mib"] = peak_rss_mib()
-        ingest = grower.next_captures(INGEST_DOCS) if mcp else []
+        ingest = grower.next_captures(ingest_docs) if mcp else []
         if ingest:
             _say(f"{size:,}: the ingest floor (one batch encode, one Tantivy commit) of {len(ingest)} documents")
             with _open_engine(store, "hybrid") as engine:

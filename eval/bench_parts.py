@@ -123,7 +123,7 @@ def compute_ratios(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out["mcp_vs_in_process"] = ratio_entry(label, _get(mcp, "hybrid", "p50"), floor, op, target, reason=reason)
     label, op, target = spec["ingest_vs_floor"]
     out["ingest_vs_floor"] = ratio_entry(label, _get(mcp, "ingest", "seconds"), _get(row, "ingest_floor", "seconds"),
-                                         op, target, unit="s", reason=reason)
+                                         op, target, unit="s", reason=_get(mcp, "ingest", "error") or reason)
     label, op, target = spec["admission_p50"]
     out["admission_p50"] = ratio_entry(label, _get(row, "admission", "p50"), ADMISSION_P50_MS, op, target)
     label, op, target = spec["serve_peak_rss"]

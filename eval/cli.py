@@ -213,6 +213,10 @@ def bench_cmd(
                                     "without it the LanceDB ratios are reported as not measured.")] = None,
     mcp: Annotated[bool, Opt("--mcp/--no-mcp", help="Per size, also time searches through the real stdio "
                              "server (MCP SDK client) for the MCP ratio.")] = True,
+    ingest_docs: Annotated[str, Opt("--ingest-docs", metavar="N",
+                                    help="Per size, documents a host ingests through that server (capture + "
+                                    "request_admission each, then a search) against the bulk floor (0: off).")]
+    = "200",
     profile: Annotated[str, Opt("--profile", metavar="N",
                                 help="cProfile N in-process hybrid searches per size into "
                                 "OUT/profile-<size>.txt (0: off).")] = "0",
@@ -236,6 +240,7 @@ def bench_cmd(
         n_queries = options.integer("--queries", queries)
         n_ops = options.integer("--ops-sample", ops_sample)
         n_profile = options.integer("--profile", profile, minimum=0)
+        n_ingest = options.integer("--ingest-docs", ingest_docs, minimum=0)
         n_threads = options.integer("--threads", threads)
         peer_name = options.choice("--peer", peer, options.PEERS)
         assert out_dir is not None
@@ -255,7 +260,7 @@ def bench_cmd(
         fail(str(exc))
     except CollectionError as exc:
         fail(f"--dataset {exc.path}: {exc.detail}")
-    assert n_queries is not None and n_ops is not None and n_profile is not None
+    assert n_queries is not None and n_ops is not None and n_profile is not None and n_ingest is not None
     if pg is not None:
         from engram_memory.eval.ingest import set_store
 
@@ -268,7 +273,8 @@ def bench_cmd(
 
     try:
         run_bench(out_dir, size_list, dataset=dataset, n_queries=n_queries, ops_sample=n_ops, peer=peer_name,
-                  progress=progress, threads=n_threads, resume=resume, mcp=mcp, profile=n_profile)
+                  progress=progress, threads=n_threads, resume=resume, mcp=mcp, profile=n_profile,
+                  ingest_docs=n_ingest)
     except StoreBusyError as exc:
         fail(f"{exc} (stop the server using it, or pick another --out)")
     except KeyboardInterrupt:

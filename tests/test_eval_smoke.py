@@ -98,7 +98,8 @@ def test_eval_smoke(tmp_path: Path) -> None:
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150", "--queries", "15",
-                                         "--ops-sample", "5", "--threads", "1", "--no-progress"],
+                                         "--ops-sample", "5", "--threads", "1", "--no-progress",
+                                         "--ingest-docs", "10"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     b = json.loads((out / "bench.json").read_text())
@@ -114,15 +115,17 @@ def test_bench_smoke(tmp_path: Path) -> None:
     ratios = row["ratios"]
     for key, entry in ratios.items():
         assert "target" in entry, key
-    mcp = [e for e in ratios.values() if "MCP" in e.get("label", "")]
-    assert mcp and mcp[0]["measured"], ratios
-    # --resume grows the same store on: the 155 records stay, no text is captured twice
+    mcp = [e for e in ratios.values() if "MCP" in e.get("label", "") or "serve" in e.get("label", "")]
+    assert len(mcp) == 4 and all(e["measured"] for e in mcp), ratios  # searches, ingest, memory
+    assert row["mcp"]["ingest"]["documents"] == 10 and row["ingest_floor"]["documents"] == 10
+    # --resume grows the same store on: the 155 records and the 10 the host ingested stay, no text is
+    # captured twice
     result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150,170", "--queries", "5",
                                          "--ops-sample", "2", "--threads", "1", "--no-progress", "--resume",
                                          "--no-mcp"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     b = json.loads((out / "bench.json").read_text())
-    assert b["sizes"]["150"]["bulk_ingest"]["records"] == 0 and b["sizes"]["150"]["records"] == 157
-    assert b["sizes"]["170"]["bulk_ingest"]["records"] == 13 and b["sizes"]["170"]["records"] == 172
+    assert b["sizes"]["150"]["bulk_ingest"]["records"] == 0 and b["sizes"]["150"]["records"] == 167
+    assert b["sizes"]["170"]["bulk_ingest"]["records"] == 3 and b["sizes"]["170"]["records"] == 172
     assert b["sizes"]["170"]["rebuild"]["records"] == 172
