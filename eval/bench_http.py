@@ -579,20 +579,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def check_admin_url(url: str) -> str:
     """A password-free libpq URL of a role that may CREATE DATABASE; reachable, else UsageError."""
-    import psycopg
-
+    from engram_memory.store.postgres.databases import reachable
     from engram_memory.store.postgres.url import check_store_url
 
     try:
         check_store_url(url)
     except ValueError as exc:
         raise UsageError(f"--store: {exc}") from None
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error:
+    if not reachable(url):
         raise UsageError("--store: cannot connect to that PostgreSQL (the harness needs a role that may "
-                         "CREATE DATABASE)") from None
+                         "CREATE DATABASE)")
     return url
 
 

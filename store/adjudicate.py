@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.retrieval.lexical import LexicalDoc
-from engram_memory.store.lifecycle import lexical_fields
 from engram_memory.store.refusals import NOT_ADJUDICABLE, AdminRefusal, AdminUsageError
 from engram_memory.store.secrets import find_secret
 
@@ -57,10 +55,8 @@ def adjudicate_with(engine: Any, where: str, candidate_id: str, accept: bool, re
             raise AdminUsageError(f"no candidate {candidate_id} in the store at {where}") from None
         except ValueError as exc:
             raise AdminRefusal(NOT_ADJUDICABLE, str(exc)) from None
-        if admitted is not None and not engine.db.shared:
-            record = admitted.record
-            engine.projections.add_lexical(
-                admitted.scope_ref, [LexicalDoc(record["record_id"], lexical_fields(record))], admitted.cursor)
+        if admitted is not None:
+            engine.operator_admitted(admitted.scope_ref, admitted.record, admitted.cursor)
     event = result["event"]
     return {"candidate_id": candidate_id, "scope_ref": result["scope_ref"], "decision": "accept" if accept
             else "reject", "status": result["outcome"]["status"], "record_id": result["outcome"].get("record_id"),

@@ -28,7 +28,7 @@ from engram_memory.store.console_reads import operator_context, record_console_c
 from engram_memory.store.ledger import intent_hash
 from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 
-__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "resync", "run"]
+__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "run"]
 
 # operation -> the request fields the operator gives (beyond "operation" and "reason").
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -125,24 +125,3 @@ def _forget(engine: Any, request: dict[str, Any], session: str) -> dict[str, Any
     return {"operation": "forget", "scope_ref": scope_ref, "record_ids": [request["record_id"]], **value}
 
 
-def resync(engine: Any, scope_ref: str) -> None:
-    """After an operator's change, the console's own engine serves the scope as the journal says.
-
-    The agent's operations keep the engine's scope view and projections in step themselves; an
-    adjudication or a host operation journals its event and leaves the rest to a server's next
-    start (store/adjudicate.py). The console is that server: an accepted record is embedded now
-    (when the model is loaded) and the scope is marked stale, so its next read rebuilds the
-    projections and the view from the current records. A PostgreSQL node catches up from the
-    journal on its next read anyway."""
-    if engine.db.shared:
-        return
-    from engram_memory.models.states import RecordState
-
-    with engine._rw.write():
-        if engine.semantic_ready():
-            current = RecordState.ACCEPTED_CURRENT.value
-            missing = engine.db.missing_embeddings(scope_ref, current, engine.embedder.model_digest, 256)
-            records = [r for r in (engine.lifecycle.load_record(m.record_id, m.key_ref, m.body) for m in missing)
-                       if r is not None]
-            engine._embed_and_store(scope_ref, records, engine.db.projection_cursor(scope_ref))
-        engine._stale.add(scope_ref)

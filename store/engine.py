@@ -625,6 +625,17 @@ class Engine:
                 self._sync_vectors(scope_ref, added, cursor)
         return added
 
+    def operator_admitted(self, scope_ref: str, record: dict[str, Any], cursor: int) -> None:
+        """After an operator's adjudication accepted a record (store/adjudicate.py), under the write
+        lock: the scope's view and projections take it as they take an admission (embedded now when
+        the model is loaded; an admin command's engine has none, and a server embeds it at start).
+        A shared store's nodes catch up from the journal."""
+        if self.db.shared:
+            return
+        self._settle_locked(scope_ref)
+        self._views.admitted(scope_ref, record["record_id"], self._window(record), cursor)
+        self._project_admitted(scope_ref, [record], cursor)
+
     def host_transition(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> None:
         """After a host operation's commit (store/hostops.py), under the write lock: this node's
         projections follow it at once. A node of a shared store (an admin node included) leaves

@@ -266,10 +266,8 @@ class _Console:
             pending = {c["candidate_id"] for c in console_reads.pending_candidates(self.state.engine, ref)}
             if cid not in pending:  # a candidate of another scope is never decided from this one
                 raise AdminUsageError("no such pending candidate in this scope")
-            result = adjudicate_with(self.state.engine, self.state.where, cid, decision == "accept",
-                                     str(form.get("reason", "")), self.state.engine.clock())
-            console_ops.resync(self.state.engine, ref)
-            return result
+            return adjudicate_with(self.state.engine, self.state.where, cid, decision == "accept",
+                                   str(form.get("reason", "")), self.state.engine.clock())
         try:
             result = await self.call(run)
         except (AdminUsageError, AdminRefusal) as exc:
@@ -366,10 +364,8 @@ class _Console:
             if not (hmac.compare_digest(sent, pending.digest) and hmac.compare_digest(now_digest, pending.digest)):
                 raise AdminRefusal("DIGEST_CONFLICT", "the confirmed digest is not this operation's; nothing was done")
             self._in_scope(ref, pending.operation, pending.request)
-            result = console_ops.run(self.state.engine, pending.operation, pending.request,
-                                     self.state.engine.clock(), _session_tag(sid or ""))
-            console_ops.resync(self.state.engine, ref)
-            return result
+            return console_ops.run(self.state.engine, pending.operation, pending.request,
+                                   self.state.engine.clock(), _session_tag(sid or ""))
         try:
             result = await self.call(run)
         except (AdminUsageError, AdminRefusal) as exc:

@@ -12,6 +12,16 @@ from urllib.parse import urlsplit
 import psycopg
 
 
+def reachable(url: str, timeout_s: int = 10) -> bool:
+    """Whether a session opens on ``url`` (a harness checks its admin URL before it starts)."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=timeout_s) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
 def create_database(admin_url: str, prefix: str) -> str:
     """A fresh, empty database next to ``admin_url``'s; its URL."""
     name = f"{prefix}_{secrets.token_hex(6)}".lower()
