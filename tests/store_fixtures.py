@@ -66,3 +66,17 @@ def call(engine: Any, tool: str, c: HostContext, args: dict[str, Any]) -> dict[s
     from engram_memory.models.tools import parse_input, to_plain
 
     return to_plain(getattr(engine, tool)(c, parse_input(tool, args)))
+
+
+def admit_texts(engine: Any, texts: list[str], *, settle_each: bool = False) -> list[str]:
+    """Capture and admit each text (accepted); the record ids. ``settle_each`` projects every
+    admission before the next (store/projector.py groups them otherwise)."""
+    ids = []
+    for i, text in enumerate(texts):
+        cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
+        out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
+        assert out["outcome"]["status"] == "accepted", out
+        ids.append(out["outcome"]["record_id"])
+        if settle_each:
+            engine.settle()
+    return ids

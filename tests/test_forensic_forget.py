@@ -35,7 +35,7 @@ from engram_memory.store.crypto import open_sealed
 from engram_memory.store.engine import Engine, embedding_text
 from engram_memory.store.lifecycle import pending_context, record_context
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import T0, admission_args, call, capture_args, ctx, forget_args, withdraw_args
+from tests.store_fixtures import T0, admission_args, admit_texts, call, capture_args, ctx, forget_args, withdraw_args
 
 # Each kind of content carries its own invented tokens, so a hit names what leaked.
 FORGET_TOKENS = ("zorblaxquint", "velmarith", "quonfrellish")
@@ -67,17 +67,10 @@ def open_engine(path: Path, **kw: Any) -> Engine:
 
 
 def admit(engine: Engine, texts: list[str]) -> list[str]:
-    ids = []
-    for i, text in enumerate(texts):
-        cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
-        out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
-        assert out["outcome"]["status"] == "accepted", out
-        ids.append(out["outcome"]["record_id"])
-        # Admissions are projected in groups; one at a time here, so each record has a Tantivy
-        # segment of its own, whose doc store holds its text uncompressed by its neighbours' --
-        # what lets each scan first find the content it then proves gone.
-        engine.settle()
-    return ids
+    # Admissions are projected in groups; one at a time here, so each record has a Tantivy segment
+    # of its own, whose doc store holds its text uncompressed by its neighbours' -- what lets each
+    # scan first find the content it then proves gone.
+    return admit_texts(engine, texts, settle_each=True)
 
 
 def traces(data_dir: Path, needles: dict[str, bytes], engine: Engine | None = None) -> dict[str, list[str]]:

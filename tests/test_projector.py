@@ -18,20 +18,14 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.store import projector
 from engram_memory.store.engine import Engine
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args
+from tests.store_fixtures import admit_texts, call, ctx, forget_args
 from tests.test_engine_hybrid import DOCS, HYBRID, open_engine, search
 
 QUERIES = ["feline resting", "reporting database", "tax deadline", "release schedule"]
 
 
 def admit_all(engine: Engine, texts: list[str]) -> list[str]:
-    ids = []
-    for i, text in enumerate(texts):
-        cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))
-        out = call(engine, "request_admission", ctx(), admission_args(cap["candidate_id"], key=f"admit-key-{i:08d}"))
-        assert out["outcome"]["status"] == "accepted", out
-        ids.append(out["outcome"]["record_id"])
-    return ids
+    return admit_texts(engine, texts)
 
 
 def answers(engine: Engine) -> list[bytes]:
