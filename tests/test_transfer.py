@@ -277,3 +277,27 @@ def test_export_and_import_refuse_a_data_dir_a_server_holds(tmp_path: Path) -> N
             f"{out} line 1: not an engram-memory-export version 1 header")
     assert not (tmp_path / "fresh").exists()  # refused before a store was created
     ok_json(["verify", "--data-dir", str(where)])
+
+
+@pytest.mark.anyio
+async def test_an_imported_graph_is_what_an_agent_finds_through_the_server(
+        tmp_path: Path, offline_env: dict[str, str]) -> None:
+    """The host imports; the agent, through a real stdio server and the MCP SDK client, searches
+    and reads what was imported -- and never the observation the policy refused."""
+    from tests.conftest import CONTEXT, mcp_server, search_args, serve_argv
+
+    where = tmp_path / "store"
+    graph = tmp_path / "memory.json"
+    graph.write_text("\n".join(json.dumps(item) for item in GRAPH) + "\n")
+    scope = f"{CONTEXT['tenant']}/{CONTEXT['workspace']}"
+    assert cli(["import", "--scope", scope, "--from", str(graph), "--data-dir", str(where)]).returncode == 0
+    async with mcp_server(serve_argv(where, extra=["--no-semantic"]), offline_env) as mcp:
+        found = await mcp.call("search", search_args("billing team PostgreSQL ledgers"))
+        assert found["ok"], found
+        texts = [c["text"] for p in found["output"]["value"]["records"] for c in p["record"]["components"]]
+        assert any("Leads the billing team" in t for t in texts) and any("ledgers" in t for t in texts)
+        first = found["output"]["value"]["records"][0]["record"]["record_id"]
+        got = await mcp.call("get", {"record_id": first, "purpose_ref": CONTEXT["purpose_ref"]})
+        assert got["ok"], got
+        secret = await mcp.call("search", search_args("database password"))
+        assert secret["ok"] and PASSWORD not in json.dumps(secret)
