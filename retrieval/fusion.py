@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from engram_memory.models.limits import RRF_K
 
 Ranked = list[tuple[str, float]]
@@ -76,7 +78,8 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, chec
     ``fused(d) = Σ_c w_c · n_c(d)``, ``w_c = 1`` by default.
     """
     w = _weights(channels, weights)
-    fused: dict[str, float] = {}
+    slot: dict[str, int] = {}  # record id -> its place in ``total``, in order of first appearance
+    parts: list[tuple[list[int], np.ndarray]] = []
     for name in sorted(channels):
         hits = channels[name]
         if checked:
@@ -87,10 +90,15 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, chec
         mean = math.fsum(scores) / len(scores)
         sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
         low, span = mean - 3.0 * sigma, 6.0 * sigma
-        for rid, s in hits:
-            norm = 0.5 if span == 0.0 else (float(s) - low) / span
-            fused[rid] = fused.get(rid, 0.0) + w[name] * norm
-    return _ordered(fused)
+        # Element-wise float64 arithmetic: the same IEEE operations, in the same order, as a loop of
+        # Python floats, so every fused score keeps its bits (tests/test_fusion.py checks both).
+        norm = np.full(len(scores), 0.5) if span == 0.0 else (np.array(scores) - low) / span
+        at = [slot.setdefault(rid, len(slot)) for rid, _s in hits]
+        parts.append((at, w[name] * norm))
+    total = np.zeros(len(slot))
+    for at, contribution in parts:
+        total[at] += contribution  # ids are unique within a channel: one addition per slot
+    return _ordered_arrays(list(slot), total)
 
 
 def convex(channels: Channels, weights: Mapping[str, float], *, checked: bool = True) -> Ranked:
@@ -132,3 +140,22 @@ def _weights(channels: Channels, weights: Mapping[str, float] | None) -> dict[st
 
 def _ordered(fused: dict[str, float]) -> Ranked:
     return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _ordered_arrays(ids: list[str], fused: np.ndarray) -> Ranked:
+    """``_ordered`` for scores in an array: a stable sort on -score, then each run of equal scores
+    (rare: the same scores in every channel) put in record-id order in Python."""
+    order = np.argsort(-fused, kind="stable")
+    ranked = fused[order]
+    ties = np.flatnonzero(ranked[1:] == ranked[:-1]).tolist()
+    order_list = order.tolist()
+    scores = ranked.tolist()
+    k = 0
+    while k < len(ties):  # ties[k] .. ties[m - 1] consecutive: positions ties[k] .. ties[m - 1] + 1 are equal
+        m = k + 1
+        while m < len(ties) and ties[m] == ties[m - 1] + 1:
+            m += 1
+        lo, hi = ties[k], ties[m - 1] + 2
+        order_list[lo:hi] = sorted(order_list[lo:hi], key=ids.__getitem__)
+        k = m
+    return [(ids[k], score) for k, score in zip(order_list, scores, strict=True)]

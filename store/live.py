@@ -28,6 +28,11 @@ class Window:
     event_at: int | None = None  # primary_event.at: the record's place in the scope's timeline
     turn: bool = False  # a conversation turn (primary_event.type_ref is a turn type): in the timeline
 
+    @property
+    def steady(self) -> bool:
+        """Open-ended and never expiring: eligible at every instant from ``valid_t`` on."""
+        return self.valid_t_end is None and self.expires_at_ms is None
+
     def eligible(self, valid_as_of: int, now: int) -> bool:
         """Current records only: inside valid_time at the read instant, not past expires_at."""
         return (
@@ -43,9 +48,31 @@ class ScopeView:
     live: dict[str, Window] = field(default_factory=dict)
     timeline: Timeline = field(init=False)  # the live records in event order, kept with ``live``
 
+    # Records with no end to their valid time and no expiry, and a bound on their valid_t: from that
+    # instant on, they are eligible whatever the read instant, so a search's thousands of hits are
+    # checked with one set intersection (and only the others window by window).
+    steady: set[str] = field(init=False)
+    steady_from: int = field(init=False)
+
     def __post_init__(self) -> None:
         self.timeline = Timeline({rid: w.event_at for rid, w in self.live.items()
                                   if w.turn and w.event_at is not None})
+        self.steady = {rid for rid, w in self.live.items() if w.steady}
+        self.steady_from = max((self.live[rid].valid_t for rid in self.steady), default=0)
+
+    def put(self, record_id: str, window: Window) -> None:
+        self.pop(record_id)
+        self.live[record_id] = window
+        if window.turn and window.event_at is not None:
+            self.timeline.add(record_id, window.event_at)
+        if window.steady:
+            self.steady.add(record_id)
+            self.steady_from = max(self.steady_from, window.valid_t)  # an upper bound: never lowered
+
+    def pop(self, record_id: str) -> None:
+        if self.live.pop(record_id, None) is not None:
+            self.timeline.remove(record_id)
+            self.steady.discard(record_id)
 
     def next_expiry(self) -> int | None:
         expiring = [w.expires_at_ms for w in self.live.values() if w.expires_at_ms is not None]
@@ -53,7 +80,12 @@ class ScopeView:
 
     def eligible(self, record_ids: Iterable[str], valid_as_of: int, now: int) -> set[str]:
         live = self.live
-        return {rid for rid in record_ids if (w := live.get(rid)) is not None and w.eligible(valid_as_of, now)}
+        if valid_as_of < self.steady_from:  # a read pinned before some steady record began
+            return {rid for rid in record_ids if (w := live.get(rid)) is not None and w.eligible(valid_as_of, now)}
+        ids = record_ids if isinstance(record_ids, set | frozenset) else set(record_ids)
+        out = ids & self.steady
+        out.update(rid for rid in ids - out if (w := live.get(rid)) is not None and w.eligible(valid_as_of, now))
+        return out
 
 
 @dataclass
@@ -100,9 +132,7 @@ class ScopeViews:
         view = self.views.get(scope_ref)
         if view is None:
             return  # not loaded yet: the first read loads it from DuckDB
-        view.live[record_id] = window
-        if window.turn and window.event_at is not None:
-            view.timeline.add(record_id, window.event_at)
+        view.put(record_id, window)
         view.projection_cursor = cursor
         if window.expires_at_ms is not None:
             known = self.next_expiry.get(scope_ref)
@@ -119,8 +149,7 @@ class ScopeViews:
         if view is None:
             return
         for rid in ids:
-            view.live.pop(rid, None)
-            view.timeline.remove(rid)
+            view.pop(rid)
         view.projection_cursor = cursor
         self.next_expiry[scope_ref] = view.next_expiry()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ class ReadPath:
             hits["lexical"] = self.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
         if semantic and plan.query_vector is not None:
             hits["semantic"] = self.projections.vectors(scope).search(plan.query_vector, CHANNEL_DEPTH)
-        eligible = view.eligible({rid for found in hits.values() for rid, _ in found}, valid_as_of, now)
+        eligible = view.eligible(set().union(*(map(itemgetter(0), found) for found in hits.values())), valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         ranking = rank(hits, self.fusion)
         # Every ranking, fused or one channel's (lexical_v1 while the model loads or without it).
@@ -180,10 +181,15 @@ class ReadPath:
     def _rerank(self, scope: str, view: ScopeView, query: str, ranking: Ranking, stage: RerankConfig) -> Ranking:
         """The ranking's head reordered by its records' speaker labels and event-order neighbours."""
         head = [rid for rid, _ in ranking.fused[: stage.head]]
-        labels = self.cache.labels(head)
-        missing = [rid for rid in head if rid not in labels]
+        # A speaker is named on conversation turns only (a note's "Postgres:" line is a topic), and
+        # the view knows which records are turns: a document's body is never decrypted for this.
+        live = view.live
+        turns = [rid for rid in head if (window := live.get(rid)) is not None and window.turn]
+        if not turns:  # no labels, no neighbours' scores: every feature is 0 and the order is the fused one
+            return ranking
+        labels = self.cache.labels(turns)
+        missing = [rid for rid in turns if rid not in labels]
         if missing:  # decrypted once per record; its labels outlive the body cache
-            # A speaker is named on conversation turns only: a note's "Postgres:" line is a topic.
             fresh = {rid: speaker_labels(primary_text(r)) if stage.is_turn(event_type(r)) else frozenset()
                      for rid, r in self.load_page(scope, missing).items()}
             self.cache.remember_labels(fresh)

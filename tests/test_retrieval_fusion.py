@@ -145,3 +145,35 @@ def test_rank_drops_semantic_only_hits_below_the_floor() -> None:
     assert rank({"lexical": [], "semantic": [("a", 0.1)]}, config).ids == []
     assert config.describe(True, True)["semantic_floor"] == 0.2
     assert "semantic_floor" not in config.describe(False, False)
+
+
+def _dbsf_reference(channels: dict[str, list[tuple[str, float]]], weights: dict[str, float]) -> list[tuple[str, float]]:
+    """DBSF as a loop of Python floats: the array version must give the same bits and order."""
+    fused: dict[str, float] = {}
+    for name in sorted(channels):
+        hits = channels[name]
+        if not hits:
+            continue
+        scores = [float(s) for _rid, s in hits]
+        mean = math.fsum(scores) / len(scores)
+        sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
+        low, span = mean - 3.0 * sigma, 6.0 * sigma
+        for rid, s in hits:
+            norm = 0.5 if span == 0.0 else (float(s) - low) / span
+            fused[rid] = fused.get(rid, 0.0) + weights[name] * norm
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+
+
+ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=4)
+scores = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 2.5]), st.floats(min_value=-1e6, max_value=1e6, allow_nan=False))
+wide_channel = st.dictionaries(ids, scores, max_size=40).map(_ranked)  # ties, signed zeros, any code point
+
+
+@given(st.dictionaries(st.sampled_from(["lexical", "semantic"]), wide_channel, max_size=2),
+       st.floats(min_value=0.0, max_value=3.0), st.floats(min_value=0.0, max_value=3.0))
+def test_dbsf_equals_the_python_float_loop_bit_for_bit(channels: dict[str, list[tuple[str, float]]],
+                                                       w_lex: float, w_sem: float) -> None:
+    weights = {"lexical": w_lex, "semantic": w_sem}
+    want = _dbsf_reference(channels, weights)
+    got = dbsf(channels, weights={k: weights[k] for k in channels})
+    assert [(rid, s.hex()) for rid, s in got] == [(rid, s.hex()) for rid, s in want]
