@@ -32,6 +32,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from engram_memory.models.settings import EMBEDDER_RUNTIMES
+from engram_memory.retrieval.heap import release_heap
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,7 @@ class Embedder:
         else:
             with self._encode_lock:
                 out = self._encode(items, batch_size)
+            release_heap()  # documents' activations: hundreds of MiB the idle server need not keep
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def _encode(self, items: list[str], batch_size: int) -> Any:
@@ -334,6 +336,7 @@ class Embedder:
             # An interpreter shutting down mid-import breaks torch in arbitrary ways: not news.
             (log.debug if sys.is_finalizing() else log.warning)("embedding model unavailable: %s", self._error)
         finally:
+            release_heap()  # the export's and the load's transients
             self._done.set()
 
     def _load_onnx(self, path: Path) -> bool:

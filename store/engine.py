@@ -44,6 +44,7 @@ from engram_memory.models.tools import (
     WithdrawInput,
     to_plain,
 )
+from engram_memory.retrieval.heap import release_heap
 from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
@@ -387,6 +388,7 @@ class Engine:
                   for rid, t, t_end, exp, _at, _kind in rows},
         )
         self._views.put(scope_ref, view)
+        release_heap()  # the scan's rows are garbage now: tens of MiB at 10k records
         return view
 
     def _view(self, scope_ref: str) -> ScopeView:
