@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_
 __all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
 log = logging.getLogger("engram.engine")
+QUERY_ENCODERS = 8  # searches whose query encodes overlap their lexical channel at once; more queue
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 CATCH_UP_EVENTS = 5000  # a node further behind its scope's journal rebuilds the scope instead
 ACK_WAIT_S = 2.0  # how long a forget waits for the other live nodes to acknowledge their purge
@@ -117,6 +119,9 @@ class Engine:
         self._semantic_done = threading.Event()  # ready: model loaded and backfill complete
         self._semantic_settled = threading.Event()  # ready, or given up (model missing/broken)
         self.embedder = None
+        # A hybrid search's query encode runs here while the lexical channel ranks (ONNX Runtime
+        # releases the GIL): one worker per search in flight, threads started on demand.
+        self._encoders = ThreadPoolExecutor(max_workers=QUERY_ENCODERS, thread_name_prefix="engram-query-encode")
         if config.semantic:
             from engram_memory.retrieval.embedder import shared_embedder
 
@@ -159,6 +164,7 @@ class Engine:
             self._views.clear()
             self.audit.close()
             self.projections.close()
+        self._encoders.shutdown(wait=False, cancel_futures=True)
         # Outside the lock: closing joins the store's watcher, which may be waiting for it.
         self.db.close()
 
@@ -766,8 +772,9 @@ class Engine:
             raise EngramError("RANKING_UNAVAILABLE")  # never a silent fallback
         query_vector = None
         if semantic:
-            assert self.embedder is not None
-            query_vector = self.embedder.encode([args.query])[0]  # outside the lock: reads overlap it
+            embedder = self.embedder
+            assert embedder is not None
+            query_vector = self._encoders.submit(lambda: embedder.encode([args.query])[0])
         with self._rw.read():
             value = self._reads.search(ctx, to_plain(args), now, SearchPlan(semantic, query_vector))
         return SearchValue.model_validate(value)

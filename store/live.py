@@ -83,7 +83,7 @@ class ScopeView:
         if valid_as_of < self.steady_from:  # a read pinned before some steady record began
             return {rid for rid in record_ids if (w := live.get(rid)) is not None and w.eligible(valid_as_of, now)}
         ids = record_ids if isinstance(record_ids, set | frozenset) else set(record_ids)
-        out = ids & self.steady
+        out = self.steady & ids  # a set (the left operand's type)
         out.update(rid for rid in ids - out if (w := live.get(rid)) is not None and w.eligible(valid_as_of, now))
         return out
 

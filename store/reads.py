@@ -8,6 +8,7 @@ lock, so reads run together and each sees one cursor; nothing here writes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -54,7 +55,11 @@ class SearchPlan:
     """What the engine decided before taking the read lock."""
 
     semantic: bool  # the semantic channel ranks this search
-    query_vector: np.ndarray | None  # encoded outside the lock
+    query_vector: np.ndarray | Future[np.ndarray] | None  # or still being encoded beside the lexical channel
+
+    def vector(self) -> np.ndarray | None:
+        found = self.query_vector
+        return found.result() if isinstance(found, Future) else found
 
 
 @dataclass
@@ -104,8 +109,9 @@ class ReadPath:
         hits: dict[str, list[tuple[str, float]]] = {}
         if "lexical" in self.channels:
             hits["lexical"] = self.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
-        if semantic and plan.query_vector is not None:
-            hits["semantic"] = self.projections.vectors(scope).search(plan.query_vector, CHANNEL_DEPTH)
+        query_vector = plan.vector() if semantic else None
+        if query_vector is not None:
+            hits["semantic"] = self.projections.vectors(scope).search(query_vector, CHANNEL_DEPTH)
         eligible = view.eligible(set().union(*(map(itemgetter(0), found) for found in hits.values())), valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         ranking = rank(hits, self.fusion)
