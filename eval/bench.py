@@ -58,6 +58,7 @@ from engram_memory.eval.bench_parts import (
     ratios_markdown,
     search_args,
     time_parts,
+    time_stages,
     timed,
 )
 from engram_memory.eval.ingest import (
@@ -415,6 +416,9 @@ def run_bench(
             _say(f"{size:,}: timing the sum of parts and {searchers} concurrent searchers")
             row["parts"] = _guarded("sum of parts", time_parts, engine, scope, queries, _normalised)
             hybrid_search = _searcher(engine, hybrid=True)
+            _say(f"{size:,}: where a hybrid search's time goes, stage by stage ({len(queries)} other queries)")
+            unseen = bench_queries(dataset, list(grower.by_record.values()), 2 * len(queries))[len(queries):]
+            row["stages"] = _guarded("stages", time_stages, engine, hybrid_search, unseen)
             row["concurrency"] = _guarded("concurrency", concurrency, hybrid_search, queries, searchers,
                                           per_searcher=min(len(queries), 100))
             if profile:

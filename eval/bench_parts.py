@@ -191,6 +191,14 @@ def breakdown_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
             hyb = _get(row, "search", "hybrid", "p50")
             if hyb is not None:
                 cells.append(f"| {int(size):,} | hybrid minus parts (bookkeeping) | {_num(hyb - parts['sum_p50'])} | |")
+        stages = row.get("stages") or {}
+        if stages.get("stages"):
+            n = stages["searches"]
+            cells.append(f"| {int(size):,} | hybrid search, {n} queries not asked before (caches cold), whole "
+                         f"| {_num(stages['whole_p50'])} | |")
+            cells += [f"| {int(size):,} | stage: {label} | {_num(ms)} | |" for label, ms in stages["stages"].items()]
+            cells.append(f"| {int(size):,} | stage: other (validation, locks, packets) "
+                         f"| {_num(stages['other_p50'])} | |")
         for key, label in (("single", "1 searcher"), ("threads", f"{conc.get('searchers', SEARCHERS)} searchers")):
             if _get(conc, key, "latency"):
                 lat = conc[key]["latency"]
@@ -278,6 +286,74 @@ def time_parts(engine: Any, scope_ref: str, queries: Sequence[str], normalise: C
     res: dict[str, Any] = {"depth": depth, "encode": pcts(enc), "lexical": pcts(lex), "vectors": pcts(vec)}
     res["sum_p50"] = res["encode"]["p50"] + res["lexical"]["p50"] + res["vectors"]["p50"]
     return res
+
+
+# Where a search's time goes, stage by stage: the engine's own functions, timed where the search
+# calls them (wrapped for the measurement, restored after). "other" is the rest: argument and
+# output validation, locks, the packets' assembly, Python between the stages.
+STAGES: tuple[tuple[str, str, str], ...] = (
+    ("query encode (a worker, beside BM25)", "embedder", "encode"),
+    ("BM25 channel", "lexical_index", "search"),
+    ("vector channel", "vector_index", "search"),
+    ("eligibility (scope view)", "scope_view", "eligible"),
+    ("fusion", "reads", "rank"),
+    ("rerank stage", "read_path", "_rerank"),
+    ("page load + decrypt", "read_path_page", "load_page"),
+    ("receipt digests", "reads", "receipt_digest"),
+    ("response body", "reads", "response_body"),
+)
+
+
+def time_stages(engine: Any, search: Callable[[str], Any], queries: Sequence[str]) -> dict[str, Any]:
+    """Per stage, the p50 over ``queries`` of the time one search spent in it; and of the whole."""
+    from engram_memory.retrieval.lexical import LexicalIndex
+    from engram_memory.retrieval.vectors import VectorIndex
+    from engram_memory.store import reads
+    from engram_memory.store.live import ScopeView
+
+    owners = {"embedder": engine.embedder, "lexical_index": LexicalIndex, "vector_index": VectorIndex,
+              "scope_view": ScopeView, "reads": reads, "read_path": reads.ReadPath,
+              "read_path_page": engine._reads}
+    spent: dict[str, list[float]] = {label: [] for label, _owner, _name in STAGES}
+    current: dict[str, float] = {}
+    lock = threading.Lock()
+    restore: list[tuple[Any, str, Any, bool]] = []
+
+    def wrap(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with lock:
+                    current[label] = current.get(label, 0.0) + time.perf_counter() - t
+        return timed_call
+
+    whole, other = [], []
+    try:
+        for label, owner_key, name in STAGES:
+            owner = owners[owner_key]
+            restore.append((owner, name, vars(owner).get(name), name in vars(owner)))
+            setattr(owner, name, wrap(label, getattr(owner, name)))
+        encode, bm25 = STAGES[0][0], STAGES[1][0]
+        for q in queries:
+            current.clear()
+            t = time.perf_counter()
+            search(q)
+            whole.append(time.perf_counter() - t)
+            for label in spent:
+                spent[label].append(current.get(label, 0.0))
+            # The encode runs beside BM25: together they cost the longer of the two.
+            serial = sum(v for k, v in current.items() if k not in (encode, bm25))
+            other.append(whole[-1] - serial - max(current.get(encode, 0.0), current.get(bm25, 0.0)))
+    finally:
+        for owner, name, before, own in reversed(restore):
+            if own:
+                setattr(owner, name, before)
+            else:
+                delattr(owner, name)
+    return {"searches": len(queries), "whole_p50": pcts(whole)["p50"], "other_p50": pcts(other)["p50"],
+            "stages": {label: pcts(samples)["p50"] for label, samples in spent.items()}}
 
 
 def concurrency(search: Callable[[str], Any], queries: Sequence[str], searchers: int = SEARCHERS,

@@ -118,6 +118,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     mcp = [e for e in ratios.values() if "MCP" in e.get("label", "") or "serve" in e.get("label", "")]
     assert len(mcp) == 4 and all(e["measured"] for e in mcp), ratios  # searches, ingest, memory
     assert row["mcp"]["ingest"]["documents"] == 10 and row["ingest_floor"]["documents"] == 10
+    # where a search's time goes, stage by stage: every stage ran inside the searches it timed
+    stages = row["stages"]
+    assert stages["searches"] == 15 and stages["whole_p50"] > 0
+    assert all(ms > 0 for label, ms in stages["stages"].items() if label != "rerank stage"), stages
+    assert "stage: fusion" in (out / "bench.md").read_text()
     # --resume grows the same store on: the 155 records and the 10 the host ingested stay, no text is
     # captured twice
     result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150,170", "--queries", "5",
