@@ -401,6 +401,9 @@ class LexicalIndex:
                 if len(hits) < fetch or fetch >= total or hits[limit - 1][0] > hits[-1][0]:
                     break
                 fetch = min(fetch * 2, total)
+            if len(hits) > limit:  # below the cut's score nothing can rank: no id to spell for it
+                cut = hits[limit - 1][0]
+                hits = [hit for hit in hits if hit[0] >= cut]
             ids = self._hit_ids(searcher, [addr for _score, addr in hits])
             ranked = sorted(
                 ((rid, float(score)) for rid, (score, _addr) in zip(ids, hits, strict=True)),

@@ -47,7 +47,7 @@ class Ranking:
 
     fused: list[tuple[str, float]]  # (record_id, fused score), sorted (-score, record_id)
     channels: Mapping[str, list[tuple[str, float]]]
-    _positions: list[tuple[str, dict[str, tuple[int, float]]]] | None = None
+    _positions: list[tuple[str, list[str], list[tuple[str, float]]]] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -57,15 +57,20 @@ class Ranking:
         return len(self.fused)
 
     def hits(self, start: int, stop: int) -> list[RankedHit]:
-        if self._positions is None:
-            self._positions = [
-                (name, {rid: (i + 1, score) for i, (rid, score) in enumerate(found)})
-                for name, found in sorted(self.channels.items())
-            ]
-        return [
-            RankedHit(rid, float(score), {n: p[rid] for n, p in self._positions if rid in p})
-            for rid, score in self.fused[start:stop]
-        ]
+        if self._positions is None:  # each channel's ids, searched in C for the few hits shown
+            self._positions = [(name, [rid for rid, _ in found], found)
+                               for name, found in sorted(self.channels.items())]
+        out = []
+        for rid, score in self.fused[start:stop]:
+            evidence = {}
+            for name, ids, found in self._positions:
+                try:
+                    i = ids.index(rid)
+                except ValueError:  # this channel did not find it
+                    continue
+                evidence[name] = (i + 1, found[i][1])
+            out.append(RankedHit(rid, float(score), evidence))
+        return out
 
 
 def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig) -> Ranking:

@@ -132,6 +132,8 @@ def test_ties_break_on_record_id_at_the_cut(tmp_path: Path) -> None:
             for rid in order:  # one commit per doc: doc addresses differ between builds
                 ix.upsert([doc(rid, primary="identical text")])
             ix.upsert([doc("zz-better", primary="identical text identical")])
+            # below the tie: fetched when the cut is widened, never ranked above it
+            ix.upsert([doc(f"a-lower{i}", primary="identical text and a longer tail of words") for i in range(6)])
             results.append(ix.search("identical", 5))
     assert results[0] == results[1] == results[2]
     assert [rid for rid, _ in results[0]] == ["zz-better", "r000", "r001", "r002", "r003"]
