@@ -49,6 +49,7 @@ HOLE_FRACTION = 10  # HNSW mode: rebuild the graph once more than 1/10 of its ro
 # float32 dot products of unit vectors in 384-d differ from the exact value by < 3e-5; any
 # candidate within this margin of the k-th float32 score is rescored canonically.
 _EXACT_MARGIN = 1e-4
+SCORE_BLOCK = 128  # rows rescored per float64 block (canonical_scores)
 
 
 class VectorIndexError(RuntimeError):
@@ -76,8 +77,15 @@ def normalize_rows(vectors: np.ndarray) -> np.ndarray:
 def canonical_scores(rows: np.ndarray, qvec: np.ndarray) -> list[float]:
     """Cosine scores recomputed without BLAS: float32×float32 products are exact in float64 and
     each row is reduced by numpy's pairwise sum, so a score depends only on the two vectors."""
-    products = np.multiply(rows.astype(np.float64), qvec.astype(np.float64))
-    return products.sum(axis=1).tolist()
+    q = qvec.astype(np.float64)
+    out = np.empty(len(rows))
+    # In blocks: each row reduces on its own, so the bits do not change, and a search's thousand
+    # candidate rows no longer leave two 3 MiB float64 temporaries in the heap.
+    for start in range(0, len(rows), SCORE_BLOCK):
+        block = rows[start:start + SCORE_BLOCK].astype(np.float64)
+        np.multiply(block, q, out=block)
+        out[start:start + SCORE_BLOCK] = block.sum(axis=1)
+    return out.tolist()
 
 
 class VectorIndex:

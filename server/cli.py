@@ -225,10 +225,20 @@ app.command("rebuild-index")(rebuild_index_cmd)
 app.command("console")(console_cmd)
 app.add_typer(host_app)
 app.add_typer(admin_app)
-# Other parts of the distribution (the evaluation harness) plug their commands in through
-# the "engram_memory.commands" entry point group, so the server never imports them.
-for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):
-    app.command(_command.name)(_command.load())
+# Other parts of the distribution (the evaluation harness, the checks) plug their commands in
+# through the "engram_memory.commands" entry point group. Loading one imports its whole stack
+# (ranx, the BEIR readers, PostgreSQL's driver): 13 MiB a serving process would hold for nothing,
+# so a process started as `engram-memory serve` never loads them.
+SERVING_COMMANDS = frozenset({"serve", "daemon"})
+
+
+def _invoked_command(argv: list[str]) -> str | None:
+    return next((arg for arg in argv[1:] if not arg.startswith("-")), None)
+
+
+if _invoked_command(sys.argv) not in SERVING_COMMANDS:
+    for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):
+        app.command(_command.name)(_command.load())
 
 
 def main() -> None:

@@ -103,6 +103,9 @@ def test_canonical_scores_ignore_row_position_and_batch_shape() -> None:
     permuted = canonical_scores(rows[perm], q)
     assert [full[i] for i in perm] == permuted
     assert [canonical_scores(rows[i : i + 1], q)[0] for i in range(0, 257, 16)] == full[0:257:16]
+    # the float64 products of each row, summed by numpy's pairwise sum, in one piece: the scores the
+    # receipts already carry (blocks of rows must not change a bit)
+    assert full == np.multiply(rows.astype(np.float64), q.astype(np.float64)).sum(axis=1).tolist()
     one = normalize_rows(rows[5:6])
     assert one.tobytes() == normalize_rows(np.vstack([rows[:5], rows[5:6]]))[5:6].tobytes()
 
