@@ -249,11 +249,13 @@ async def _ingest(call: Any, session: Any, ctx: Any, captures: list[dict[str, An
     answers, not every document is searchable by both channels."""
     from engram_memory.eval.ingest import admission_args
 
+    captured: list[float] = []
     admissions: list[float] = []
     record_ids: list[str] = []
     t0 = time.perf_counter()
     for args in captures:
-        _, cap = await call(session, "capture", args)
+        dt, cap = await call(session, "capture", args)
+        captured.append(dt)
         if not cap.get("ok"):
             raise McpBenchError(f"capture failed: {(cap.get('error') or {}).get('code')}")
         candidate = cap["output"]["value"]["candidate_id"]
@@ -263,9 +265,10 @@ async def _ingest(call: Any, session: Any, ctx: Any, captures: list[dict[str, An
         admissions.append(dt)
         record_ids.append(adm["output"]["value"]["outcome"]["record_id"])
     query = captures[-1]["payload"]["components"][0]["text"][:200]
-    _, found = await call(session, "search", search_args(query, ctx.purpose_ref, limit, hybrid=True))
+    last, found = await call(session, "search", search_args(query, ctx.purpose_ref, limit, hybrid=True))
     seconds = time.perf_counter() - t0
     if not found.get("ok"):
         raise McpBenchError(f"search after ingest failed: {(found.get('error') or {}).get('code')}")
     return {"documents": len(captures), "seconds": seconds, "docs_per_s": len(captures) / seconds,
-            "admission": pcts(admissions), "record_ids": record_ids}
+            "capture": pcts(captured), "admission": pcts(admissions), "final_search_ms": last * 1e3,
+            "record_ids": record_ids}

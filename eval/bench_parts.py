@@ -216,8 +216,13 @@ def breakdown_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
             n = ingest["documents"]
             cells.append(f"| {int(size):,} | MCP ingest: {n} x (capture + request_admission), then a search: "
                          f"{_num(ingest['seconds'] * 1e3)} ms in all | {_num(ingest['seconds'] * 1e3 / n)} per doc | |")
-            cells.append(f"| {int(size):,} | MCP request_admission | {_num(ingest['admission']['p50'])} "
-                         f"| {_num(ingest['admission']['p95'])} |")
+            for key, label in (("capture", "MCP capture"), ("admission", "MCP request_admission")):
+                if ingest.get(key):
+                    cells.append(f"| {int(size):,} | {label} | {_num(ingest[key]['p50'])} "
+                                 f"| {_num(ingest[key]['p95'])} |")
+            if ingest.get("final_search_ms") is not None:
+                cells.append(f"| {int(size):,} | MCP search after the ingest (projects what still waits) "
+                             f"| {_num(ingest['final_search_ms'])} | |")
         if floor.get("seconds") is not None:
             cells.append(f"| {int(size):,} | ingest floor, {floor['documents']} docs: batch encode "
                          f"{_num(floor['encode_s'] * 1e3)} + one Tantivy commit {_num(floor['commit_s'] * 1e3)} ms "
