@@ -87,9 +87,7 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, chec
         if not hits:
             continue
         scores = [float(s) for _rid, s in hits]
-        mean = math.fsum(scores) / len(scores)
-        sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
-        low, span = mean - 3.0 * sigma, 6.0 * sigma
+        low, span = dbsf_bounds(scores)
         # Element-wise float64 arithmetic: the same IEEE operations, in the same order, as a loop of
         # Python floats, so every fused score keeps its bits (tests/test_fusion.py checks both).
         norm = np.full(len(scores), 0.5) if span == 0.0 else (np.array(scores) - low) / span
@@ -99,6 +97,13 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, chec
     for at, contribution in parts:
         total[at] += contribution  # ids are unique within a channel: one addition per slot
     return _ordered_arrays(list(slot), total)
+
+
+def dbsf_bounds(scores: list[float]) -> tuple[float, float]:
+    """DBSF's ``(μ - 3σ, 6σ)`` of one channel's scores: σ the sample deviation, 0 for one score."""
+    mean = math.fsum(scores) / len(scores)
+    sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
+    return mean - 3.0 * sigma, 6.0 * sigma
 
 
 def convex(channels: Channels, weights: Mapping[str, float], *, checked: bool = True) -> Ranked:

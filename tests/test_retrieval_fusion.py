@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engram_memory.retrieval.fusion import channel_ranks, convex, dbsf, rrf
+from engram_memory.retrieval.fusion import channel_ranks, convex, dbsf, dbsf_bounds, rrf
 
 LEX = [("a", 9.0), ("b", 5.0), ("c", 1.0)]
 SEM = [("c", 0.9), ("a", 0.8), ("d", 0.1)]
@@ -154,10 +154,7 @@ def _dbsf_reference(channels: dict[str, list[tuple[str, float]]], weights: dict[
         hits = channels[name]
         if not hits:
             continue
-        scores = [float(s) for _rid, s in hits]
-        mean = math.fsum(scores) / len(scores)
-        sigma = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (len(scores) - 1)) if len(scores) > 1 else 0.0
-        low, span = mean - 3.0 * sigma, 6.0 * sigma
+        low, span = dbsf_bounds([float(s) for _rid, s in hits])
         for rid, s in hits:
             norm = 0.5 if span == 0.0 else (float(s) - low) / span
             fused[rid] = fused.get(rid, 0.0) + weights[name] * norm
