@@ -268,8 +268,10 @@ class Embedder:
 
     # -- encoding ----------------------------------------------------------------------------
 
-    def encode(self, texts: Sequence[str], batch_size: int = DOC_BATCH) -> np.ndarray:
-        """``(len(texts), dim)`` float32, L2-normalised. Raises ``EmbedderUnavailable`` unless ready."""
+    def encode(self, texts: Sequence[str], batch_size: int = DOC_BATCH, *,
+               running: threading.Event | None = None) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised. Raises ``EmbedderUnavailable`` unless ready.
+        ``running`` is set once the model computes (without holding the GIL)."""
         if self._state != "ready":
             raise EmbedderUnavailable(f"embedder is {self._state}")
         if isinstance(texts, str):
@@ -285,16 +287,18 @@ class Embedder:
             # A query: no lock, so concurrent searches encode at once, each on its own core
             # (with one intra-op thread). The tokenizer's settings were fixed by the warm-up
             # encode at load, so concurrent calls only read them.
-            out = self._encode(items, batch_size)
+            out = self._encode(items, batch_size, running)
         else:
             with self._encode_lock:
-                out = self._encode(items, batch_size)
+                out = self._encode(items, batch_size, running)
             release_heap()  # documents' activations: hundreds of MiB the idle server need not keep
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def _encode(self, items: list[str], batch_size: int) -> Any:
+    def _encode(self, items: list[str], batch_size: int, running: threading.Event | None = None) -> Any:
         if self._runtime is not None and not self._runtime.startswith("torch"):
-            return self._model.encode(items, max(1, int(batch_size)))
+            return self._model.encode(items, max(1, int(batch_size)), running)
+        if running is not None:
+            running.set()
         return self._model.encode(
             items,
             batch_size=max(1, int(batch_size)),

@@ -29,6 +29,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,18 +175,19 @@ class OnnxEncoder:
         self._inputs = {i.name for i in self._session.get_inputs()}
         self.runtime = f"onnxruntime-{ort.__version__}/{PRECISION}"
 
-    def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int, running: threading.Event | None = None) -> np.ndarray:
         """``(len(texts), dim)`` unit vectors; batches are formed by length (less padding), and
-        padding never reaches a vector (the mask excludes it)."""
+        padding never reaches a vector (the mask excludes it). ``running`` is set as the graph
+        starts, which releases the GIL (a caller waiting for it then runs beside the model)."""
         encodings = self._tokenizer.encode_batch(list(texts))
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         parts: dict[int, np.ndarray] = {}
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            parts.update(zip(chunk, self._run([encodings[i] for i in chunk]), strict=True))
+            parts.update(zip(chunk, self._run([encodings[i] for i in chunk], running), strict=True))
         return np.vstack([parts[i] for i in range(len(encodings))])
 
-    def _run(self, batch: list[Any]) -> np.ndarray:
+    def _run(self, batch: list[Any], running: threading.Event | None = None) -> np.ndarray:
         width = max(len(e.ids) for e in batch)
         ids = np.zeros((len(batch), width), np.int64)
         mask = np.zeros((len(batch), width), np.int64)
@@ -194,7 +196,10 @@ class OnnxEncoder:
             n = len(e.ids)
             ids[row, :n], mask[row, :n], types[row, :n] = e.ids, e.attention_mask, e.type_ids
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        hidden = self._session.run(None, {k: v for k, v in feeds.items() if k in self._inputs})[0]
+        feeds = {k: v for k, v in feeds.items() if k in self._inputs}
+        if running is not None:
+            running.set()
+        hidden = self._session.run(None, feeds)[0]
         if self._pipeline.pooling == "cls":
             pooled = hidden[:, 0, :]
         else:

@@ -66,6 +66,7 @@ __all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
 log = logging.getLogger("engram.engine")
 QUERY_ENCODERS = 8  # searches whose query encodes overlap their lexical channel at once; more queue
+ENCODE_HANDOFF_S = 0.05  # the longest a search waits for its encode to start (normally ~0.1 ms)
 CURRENT = RecordState.ACCEPTED_CURRENT  # the only state search and get return
 CATCH_UP_EVENTS = 5000  # a node further behind its scope's journal rebuilds the scope instead
 ACK_WAIT_S = 2.0  # how long a forget waits for the other live nodes to acknowledge their purge
@@ -774,7 +775,18 @@ class Engine:
         if semantic:
             embedder = self.embedder
             assert embedder is not None
-            query_vector = self._encoders.submit(lambda: embedder.encode([args.query])[0])
+            running = threading.Event()
+
+            def encode() -> np.ndarray:
+                try:
+                    return embedder.encode([args.query], running=running)[0]
+                finally:
+                    running.set()
+
+            query_vector = self._encoders.submit(encode)
+            # Until the model runs: it does so without the GIL, while this thread ranks BM25. Without
+            # the wait the worker would need the GIL back first, and start only after the channel.
+            running.wait(ENCODE_HANDOFF_S)
         with self._rw.read():
             value = self._reads.search(ctx, to_plain(args), now, SearchPlan(semantic, query_vector))
         return SearchValue.model_validate(value)

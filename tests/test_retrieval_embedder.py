@@ -186,3 +186,19 @@ def test_concurrent_query_encodes_give_the_serial_bits(real_embedder: Embedder) 
     for t in threads:
         t.join(120)
     assert not errors and not mismatched
+
+
+def test_a_query_encode_signals_when_the_model_runs(real_embedder: Embedder) -> None:  # noqa: F811
+    """The search hands the GIL to its encode until the graph starts (store/engine.py); the
+    signal comes from inside the encode, with the same vector as without it."""
+    running = threading.Event()
+    started_at: list[float] = []
+    worker = threading.Thread(target=lambda: started_at.append(time.perf_counter()) or
+                              real_embedder.encode(["a query about cells"], running=running))
+    worker.start()
+    assert running.wait(30)
+    worker.join(30)
+    assert started_at and not worker.is_alive()
+    plain = real_embedder.encode(["a query about cells"])
+    signalled = real_embedder.encode(["a query about cells"], running=threading.Event())
+    assert plain.tobytes() == signalled.tobytes()
