@@ -174,10 +174,11 @@ def _rows(results: Path) -> dict:
     out = {run: {"ndcg@10": s["ndcg@10"], "recall@10": s["recall@10"], "recall@100": s["recall@100"]}
            for run, s in runs.items()}
     if "per_collection" in d:
-        out["per_collection_hybrid_ndcg@10"] = {n: r["runs"]["hybrid"]["ndcg@10"] for n, r in d["per_collection"].items()
+        per = d["per_collection"].items()
+        out["per_collection_hybrid_ndcg@10"] = {n: r["runs"]["hybrid"]["ndcg@10"] for n, r in per
                                                if "hybrid" in r["runs"]}
-        out["per_collection_semantic_ndcg@10"] = {n: r["runs"]["semantic"]["ndcg@10"]
-                                                 for n, r in d["per_collection"].items() if "semantic" in r["runs"]}
+        out["per_collection_semantic_ndcg@10"] = {n: r["runs"]["semantic"]["ndcg@10"] for n, r in per
+                                                 if "semantic" in r["runs"]}
     return out
 
 
@@ -192,13 +193,14 @@ def report(work: Path, tolerance: float) -> dict:
         table[name] = row
     qualifies = {run: all(table[n]["diff"][run]["ndcg@10"] >= -tolerance for n in COLLECTIONS)
                  for run in ("semantic", "hybrid")}
+    timing_all = json.loads((work / "timing.json").read_text(encoding="utf-8"))
     out = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tolerance_ndcg@10": tolerance,
            "rule": "int8 only if hybrid nDCG@10 stays within 0.005 of fp32 on every development collection and the "
                    "LoCoMo mean", "collections": table,
            "int8_qualifies": {"hybrid (the rule)": qualifies["hybrid"], "semantic (reported)": qualifies["semantic"]},
            "build": json.loads((work / "int8-build.json").read_text(encoding="utf-8")),
-           "timing": {k: ({kk: vv for kk, vv in v.items() if kk != "runs"} if isinstance(v, dict) and "runs" in v else v)
-                      for k, v in json.loads((work / "timing.json").read_text(encoding="utf-8")).items()}}
+           "timing": {k: ({kk: vv for kk, vv in v.items() if kk != "runs"} if "runs" in v else v)
+                      for k, v in timing_all.items()}}
     (HERE / "int8-study.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({n: r["diff"] for n, r in table.items()}, indent=1))
     print(out["int8_qualifies"])
