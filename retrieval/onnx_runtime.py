@@ -10,8 +10,10 @@ child process), then pooling and L2 normalisation in numpy.
 Measured on the packaged all-MiniLM-L6-v2 (200 SciFact queries, one thread, this 2-vCPU AMD EPYC):
 the vectors equal sentence-transformers on torch 2.13 within 2.0e-7 per component (cosine
 ≥ 0.9999998, batches of 64 abstracts too), and a query encodes in 4.5 ms against 10.0 ms.
-Precision is fp32: a dynamically quantised int8 graph was 2.5x faster again but moved vectors to
-a mean cosine of 0.959 (ENVIRONMENT_NOTES §9), which changes rankings.
+Precision is fp32. A dynamically quantised int8 graph (per-channel QInt8) encodes a query 2.6x
+faster in half the memory and keeps hybrid nDCG@10 within 0.005 on every development collection,
+but the semantic channel alone loses 0.0073 on Cranfield and int8 kernels differ by CPU
+(eval/RESULTS.md §14, studies/int8-study.md).
 
 The export cache lives outside the data dir (one per user, shared by every store):
 ``$ENGRAM_MODEL_CACHE``, else ``$XDG_CACHE_HOME/engram-memory/models``, else
