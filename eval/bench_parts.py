@@ -194,7 +194,7 @@ def breakdown_markdown(sizes: Mapping[str, Mapping[str, Any]]) -> list[str]:
         stages = row.get("stages") or {}
         if stages.get("stages"):
             n = stages["searches"]
-            cells.append(f"| {int(size):,} | hybrid search, {n} queries not asked before (caches cold), whole "
+            cells.append(f"| {int(size):,} | hybrid search, {n} queries not asked before, whole "
                          f"| {_num(stages['whole_p50'])} | |")
             cells += [f"| {int(size):,} | stage: {label} | {_num(ms)} | |" for label, ms in stages["stages"].items()]
             cells.append(f"| {int(size):,} | stage: other (validation, locks, packets) "
