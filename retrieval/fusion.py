@@ -89,7 +89,7 @@ def dbsf(channels: Channels, weights: Mapping[str, float] | None = None, *, chec
         scores = [float(s) for _rid, s in hits]
         low, span = dbsf_bounds(scores)
         # Element-wise float64 arithmetic: the same IEEE operations, in the same order, as a loop of
-        # Python floats, so every fused score keeps its bits (tests/test_fusion.py checks both).
+        # Python floats, so every fused score keeps its bits (tests/test_retrieval_fusion.py checks both).
         norm = np.full(len(scores), 0.5) if span == 0.0 else (np.array(scores) - low) / span
         at = [slot.setdefault(rid, len(slot)) for rid, _s in hits]
         parts.append((at, w[name] * norm))

@@ -168,9 +168,9 @@ class OnnxEncoder:
         # while it runs, so concurrent searches overlap on the cores.
         options.intra_op_num_threads = threads or 0
         options.inter_op_num_threads = 1
-        # No arena of ONNX Runtime's own: it kept a document batch's activations for good (~190 MiB
-        # after eight SciFact abstracts); freed to malloc, retrieval/heap.py hands them back.
-        # Same vectors bit for bit, no slower (tests/test_onnx_embedder.py, issue 23's note).
+        # No arena of ONNX Runtime's own: it kept documents' activations for good (~190 MiB after 64
+        # SciFact abstracts, eight a pass); freed to malloc, retrieval/heap.py hands them back.
+        # Same vectors bit for bit, no slower (tests/test_retrieval_onnx.py, issue 23's note).
         options.enable_cpu_mem_arena = False
         options.log_severity_level = 3  # warnings about the graph are not the operator's business
         self._session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])

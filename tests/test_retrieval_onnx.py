@@ -94,8 +94,8 @@ def test_a_serving_process_never_imports_torch_once_exported(real_embedder: Embe
 
 def test_a_document_batch_leaves_no_resident_memory_behind(real_embedder: Embedder) -> None:  # noqa: F811
     """Once its vectors are out, a batch's activations go back to the OS: with ONNX Runtime's arena
-    (the default) 32 abstract-length documents left ~190 MiB resident for good, and an idle
-    server kept what its last ingest needed."""
+    (its default) this fails, the activations stay resident for good, and an idle server kept what
+    its last ingest needed."""
     code = (
         "from engram_memory.retrieval.embedder import Embedder\n"
         "def rss():\n"
