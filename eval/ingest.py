@@ -223,19 +223,20 @@ _TORCH_THREADS: list[int] = []  # the count set_torch_threads chose, passed to e
 
 
 def set_torch_threads(threads: int | None) -> int:
-    """Pin torch's intra-op threads (None: the engine's default, EngineSettings.encode_threads);
-    returns the count in effect. Engines opened afterwards keep it.
+    """The model's intra-op threads (None: the engine's default, EngineSettings.encode_threads);
+    returns the count in effect. Engines opened afterwards get it (ONNX Runtime per session; torch,
+    process-wide, when the reference runtime is loaded: the default install has no torch).
 
-    On a 2-core box shared with other work, torch's default (one thread per core) makes a
-    single-query encode spin: we measured ~400 ms instead of ~12-15 ms with one thread while
-    another process held a core. It is a process-wide knob, so results record it.
+    On a 2-core box shared with other work, one thread per core makes a single-query encode spin:
+    we measured ~400 ms instead of ~12-15 ms with one thread while another process held a core.
+    Results record the count.
     """
-    import torch
-
     count = int(threads) if threads is not None else ENCODE_THREADS
-    torch.set_num_threads(count)
     _TORCH_THREADS[:] = [count]
-    return int(torch.get_num_threads())
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(count)
+    return count
 
 
 def wait_embedder(engine: Any, timeout: float = EMBED_TIMEOUT_S) -> None:

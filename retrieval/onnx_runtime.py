@@ -4,21 +4,18 @@ A sentence-transformers model directory says what it computes: ``modules.json`` 
 Transformer, a Pooling module (``1_Pooling/config.json``: mean or CLS) and optionally Normalize,
 ``sentence_bert_config.json`` the maximum sequence length, ``tokenizer.json`` the tokenizer.
 This module runs exactly that: the model's own tokenizer (``tokenizers``, no torch), the
-transformer as an ONNX graph (exported once per model digest, retrieval/onnx_export.py, in a
-child process), then pooling and L2 normalisation in numpy.
-
-Measured on the packaged all-MiniLM-L6-v2 (200 SciFact queries, one thread, this 2-vCPU AMD EPYC):
-the vectors equal sentence-transformers on torch 2.13 within 2.0e-7 per component (cosine
-≥ 0.9999998, batches of 64 abstracts too), and a query encodes in 4.5 ms against 10.0 ms.
+transformer as an ONNX graph (assembled once per model digest from ``model.safetensors`` and
+``config.json`` by retrieval/onnx_graph.py, no torch), then pooling and L2 normalisation in numpy.
 Precision is fp32. A dynamically quantised int8 graph (per-channel QInt8) encodes a query 2.6x
 faster in half the memory and keeps hybrid nDCG@10 within 0.005 on every development collection,
 but the semantic channel alone loses 0.0073 on Cranfield and int8 kernels differ by CPU
 (eval/RESULTS.md §14, studies/int8-study.md).
 
-The export cache lives outside the data dir (one per user, shared by every store):
+The graph cache lives outside the data dir (one per user, shared by every store):
 ``$ENGRAM_MODEL_CACHE``, else ``$XDG_CACHE_HOME/engram-memory/models``, else
 ``~/.cache/engram-memory/models``; one folder per model digest with ``model.onnx`` and a
-manifest naming its SHA-256. A missing, partial or corrupt file is exported again.
+manifest naming its SHA-256 and the builder that wrote it. A missing, partial or corrupt file, or one
+an older builder wrote, is assembled again.
 """
 
 from __future__ import annotations
@@ -29,8 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -44,7 +39,6 @@ log = logging.getLogger(__name__)
 PRECISION = "fp32"
 ONNX_FILE = "model.onnx"
 MANIFEST = "manifest.json"
-EXPORT_TIMEOUT_S = 600  # torch's import alone is 10-13 s on a loaded 2-core machine
 _SUPPORTED_MODULES = {
     "sentence_transformers.models.Transformer",
     "sentence_transformers.models.Pooling",
@@ -53,7 +47,7 @@ _SUPPORTED_MODULES = {
 
 
 class OnnxUnavailable(RuntimeError):
-    """This model cannot run on ONNX Runtime here (the caller falls back to torch)."""
+    """This model cannot run on ONNX Runtime here (the caller names the torch runtime)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +99,7 @@ def _sha256(path: Path) -> str:
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """One export at a time per model, across processes (two servers starting together)."""
+    """One graph assembled at a time per model, across processes (two servers starting together)."""
     fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -115,36 +109,37 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def _valid(folder: Path, model_digest: str) -> bool:
+    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION
+
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        return (manifest.get("model_digest") == model_digest
+        return (manifest.get("model_digest") == model_digest and manifest.get("builder") == BUILDER_VERSION
                 and manifest.get("onnx_sha256") == _sha256(folder / ONNX_FILE))
     except (OSError, ValueError, AttributeError):
         return False
 
 
 def ensure_onnx(model_dir: Path, model_digest: str, root: Path | None = None) -> Path:
-    """The exported graph of ``model_dir`` (exported now if the cache lacks a valid one)."""
+    """The graph of ``model_dir``'s encoder (assembled now if the cache lacks a valid one).
+
+    Raises ``OnnxUnavailable`` naming what the builder cannot express."""
+    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION, GraphUnsupported, build
+
     folder = (root or cache_root()) / model_digest.removeprefix("sha256:")[:32]
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _locked(folder):
         if _valid(folder, model_digest):
             return folder / ONNX_FILE
-        tmp = folder / (ONNX_FILE + ".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        log.info("exporting the embedding model to ONNX once (model %s)", model_digest[:19])
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        log.info("assembling the embedding model's ONNX graph once (model %s)", model_digest[:19])
         try:
-            done = subprocess.run([sys.executable, "-m", "engram_memory.retrieval.onnx_export", str(model_dir),
-                                   str(tmp)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=EXPORT_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise OnnxUnavailable("the ONNX export did not finish in time") from None
-        if done.returncode != 0 or not tmp.is_file():
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            raise OnnxUnavailable(f"the ONNX export failed: {last}")
-        manifest = {"model_digest": model_digest, "onnx_sha256": _sha256(tmp), "precision": PRECISION}
+            graph = build(model_dir)
+        except GraphUnsupported as exc:
+            raise OnnxUnavailable(str(exc)) from None
+        tmp = folder / (ONNX_FILE + ".tmp")
+        tmp.write_bytes(graph)
+        manifest = {"model_digest": model_digest, "builder": BUILDER_VERSION,
+                    "onnx_sha256": "sha256:" + hashlib.sha256(graph).hexdigest(), "precision": PRECISION}
+        del graph
         os.replace(tmp, folder / ONNX_FILE)
         (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         os.replace(folder / (MANIFEST + ".tmp"), folder / MANIFEST)

@@ -94,7 +94,8 @@ class LaunchBinder:
             None if host is None else Binding(host, registry_for(frozenset(tools), confirm, wording), confirm)
         )
 
-    def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None) -> Binding | None:
+    def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None,
+             listing: bool = False) -> Binding | None:
         return self._binding
 
     async def confirm(
@@ -148,10 +149,15 @@ class SignedBinder:
         self._confirmations = ReplayCache()
         self._lock = threading.Lock()
 
-    def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None) -> Binding | None:
-        """The verified context, or None (the caller answers -32603 or an empty listing)."""
+    def bind(self, rctx: ServerRequestContext[Any, Any], meta: Mapping[str, Any] | None,
+             listing: bool = False) -> Binding | None:
+        """The verified context, or None (the caller answers -32603 or an empty listing).
+
+        ``listing``: a tools/list. The SDK's client lists tools unsigned when it connects, so an
+        unsigned listing is expected traffic, logged at DEBUG; every other refusal is a WARNING."""
+        raw = (meta or {}).get(CONTEXT_META_KEY)
         try:
-            token, kid = read_token((meta or {}).get(CONTEXT_META_KEY))
+            token, kid = read_token(raw)
             keys = self.ring.keys
             host_key = keys.hosts.get(kid)
             if host_key is None:
@@ -167,7 +173,8 @@ class SignedBinder:
                 raise TokenRefused("context replayed")
             host = claims.host()
         except (TokenRefused, ValueError) as exc:
-            log.warning("invocation context refused: %s", exc)
+            expected = listing and raw is None
+            log.log(logging.DEBUG if expected else logging.WARNING, "invocation context refused: %s", exc)
             return None
         confirm = frozenset(claims.confirm) | ALWAYS_CONFIRMED
         return Binding(

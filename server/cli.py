@@ -38,8 +38,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"engram-memory {version('engram-memory')}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the installed version and exit.")] = False,
+) -> None:
     """Governed long-term memory for agents, over MCP."""
     # A callback keeps `serve` a named subcommand even while it is the only one.
 

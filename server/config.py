@@ -218,16 +218,11 @@ class ServeSettings(BaseSettings, EngineSettings):
             raise ConfigError(str(exc)) from None
 
     def preflight(self) -> None:
-        """What the launch will need from the filesystem, checked before serving (ConfigError)."""
+        """What the launch will need, checked before serving (ConfigError). A refused launch creates
+        nothing: the data dir is made last, once everything else is known to be usable."""
         data_dir = Path(self.data_dir)
         if data_dir.exists() and not data_dir.is_dir():
             raise ConfigError(f"data_dir {data_dir} exists and is not a directory")
-        try:  # serving creates it anyway; a probe file proves it is writable
-            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=data_dir):
-                pass
-        except OSError as exc:
-            raise ConfigError(f"data_dir {data_dir} is not usable: {exc.strerror or exc}") from None
         if self.master_key_file is not None:
             from engram_memory.store.opening import MasterKeyError, read_master_key
 
@@ -235,26 +230,36 @@ class ServeSettings(BaseSettings, EngineSettings):
                 read_master_key(Path(self.master_key_file))
             except MasterKeyError as exc:
                 raise ConfigError(str(exc)) from None
-        if self.semantic and self.model_path is not None:
-            model = Path(self.model_path)
-            if not model.is_dir():
-                raise ConfigError(f"model_path {model} does not exist (omit it to use the packaged model)")
-            if not ((model / "modules.json").is_file() or (model / "config.json").is_file()):
-                raise ConfigError(f"model_path {model} is not a sentence-transformers model (no modules.json)")
-            # A model the operator chose is loaded now, once (the engine reuses it): one that does
-            # not load is a launch mistake, not a channel that stays off for good.
-            from engram_memory.retrieval.embedder import shared_embedder
-
-            embedder = shared_embedder(model, self.encode_threads, self.embedder_runtime).start()
-            if not embedder.wait():
-                why = (embedder.error or "unknown error").splitlines()[0][:200]
-                raise ConfigError(f"model_path {model} does not load: {why}")
         if self.host_keys is not None:
             from engram_memory.server.hostkeys import load_host_keys
 
             keys = load_host_keys(Path(self.host_keys))
             if not keys.hosts:
                 raise ConfigError(f"host-keys file {self.host_keys} lists no [[host]]: no host could call")
+        if self.semantic and self.embedder_runtime == "torch":
+            from engram_memory.retrieval.embedder import TORCH_EXTRA, reference_runtime_installed
+
+            if not reference_runtime_installed():
+                raise ConfigError(f"embedder_runtime torch needs sentence-transformers: {TORCH_EXTRA}")
+        if self.semantic and self.model_path is not None:
+            from engram_memory.retrieval.embedder import model_dir_problem, shared_embedder
+
+            model = Path(self.model_path)
+            problem = model_dir_problem(model)
+            if problem is not None:
+                raise ConfigError(f"model_path {problem}")
+            # A model the operator chose is loaded now, once (the engine reuses it): one that does
+            # not load is a launch mistake, not a channel that stays off for good.
+            embedder = shared_embedder(model, self.encode_threads, self.embedder_runtime).start()
+            if not embedder.wait():
+                why = (embedder.error or "unknown error").splitlines()[0][:300]
+                raise ConfigError(f"model_path {model} does not load: {why}")
+        try:  # serving creates it anyway; a probe file proves it is writable
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=data_dir):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"data_dir {data_dir} is not usable: {exc.strerror or exc}") from None
 
     def disabled_reason(self) -> str | None:
         """Why memory is off, for the operator's log (None when it is on)."""

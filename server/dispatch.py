@@ -121,7 +121,7 @@ class Dispatcher:
     async def list_tools(
         self, rctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        binding = self.binder.bind(rctx, params.meta if params is not None else None)
+        binding = self.binder.bind(rctx, params.meta if params is not None else None, listing=True)
         if binding is None or self.engine is None:
             return types.ListToolsResult(tools=[])  # no valid context: nothing exists
         return types.ListToolsResult(tools=binding.registry.definitions())

@@ -39,13 +39,10 @@ def _pair(scope_ref: str) -> str:
 
 def _check_model_path(model_path: Path) -> str | None:
     """Why ``--model-path`` cannot be used (the same checks as ``serve``), or None."""
-    if not model_path.exists():
-        return f"--model-path {model_path} does not exist (omit it to use the packaged model)"
-    if not model_path.is_dir():
-        return f"--model-path {model_path} is not a directory"
-    if not ((model_path / "modules.json").is_file() or (model_path / "config.json").is_file()):
-        return f"--model-path {model_path} is not a sentence-transformers model (no modules.json)"
-    return None
+    from engram_memory.retrieval.embedder import model_dir_problem
+
+    problem = model_dir_problem(model_path)
+    return None if problem is None else f"--model-path {problem}"
 
 
 def rebuild_index_cmd(

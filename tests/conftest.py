@@ -33,6 +33,9 @@ CONTEXT = {
     "purpose_ref": PURPOSE,
 }
 ALL = "search,get,capture,request_admission,withdraw,forget"
+# The interpreter that runs the servers under test: this one, or (tests/test_wheel.py) the one of a
+# fresh venv the built wheel was installed into, so the same tests run against what users install.
+SERVER_PYTHON = os.environ.get("ENGRAM_TEST_SERVER_PYTHON") or sys.executable
 
 
 @pytest.fixture
@@ -97,7 +100,7 @@ DUCKDB = Backend("duckdb")
 def serve_argv(data_dir: Path, *, tools: str | None = ALL, context: dict[str, str] | None = None,
                extra: list[str] | None = None, backend: Backend = DUCKDB) -> list[str]:
     """`python -m engram_memory.server.cli serve ...` for a context (None: CONTEXT; {}: none bound)."""
-    argv = [sys.executable, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(data_dir),
+    argv = [SERVER_PYTHON, "-m", "engram_memory.server.cli", "serve", "--data-dir", str(data_dir),
             "--log-level", "DEBUG"]
     for key, value in (CONTEXT if context is None else context).items():
         argv += ["--" + key.replace("_", "-"), value]
@@ -301,7 +304,7 @@ def store_backend(name: str, request: pytest.FixtureRequest, key_dir: Path) -> I
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with fresh_database(pg_url) as url:
         key_file = key_dir / "master.key"
-        done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "admin", "init-store",
+        done = subprocess.run([SERVER_PYTHON, "-m", "engram_memory.server.cli", "admin", "init-store",
                                "--store", url, "--master-key-out", str(key_file)],
                               env=env, capture_output=True, text=True, timeout=120, cwd=str(REPO))
         assert done.returncode == 0, done.stderr

@@ -242,6 +242,24 @@ async def test_tools_list_lists_exactly_the_contexts_tools(server: HttpServer, k
         await assert_context_refused(c, "search", search_args("anything"), spent)
 
 
+async def test_an_unsigned_listing_is_expected_traffic_an_unsigned_call_a_warning(server: HttpServer,
+                                                                                   kit: HostKit) -> None:
+    """The SDK's client lists tools unsigned when it connects: that refusal goes below the default
+    level (DEBUG); an unsigned tools/call is a host mistake and stays a WARNING (issue 32 §4)."""
+    async with signed_client(server.url, kit, "host-a", host_context(tenant="quiet")) as c:
+        before = len(server.stderr())
+        assert await c.list_names(meta={}) == []
+        assert refusal_levels(server.stderr()[before:]) == ["DEBUG"]
+        before = len(server.stderr())
+        await protocol_error(c, "search", search_args("unsigned"), {})
+        assert refusal_levels(server.stderr()[before:]) == ["WARNING"]
+
+
+def refusal_levels(log: str) -> list[str]:
+    """The level of each 'no token' refusal logged (the log format: time, level, logger: message)."""
+    return [line.split()[2] for line in log.splitlines() if line.endswith("invocation context refused: no token")]
+
+
 # ---- tools/call: the signed context -------------------------------------------------------------
 
 

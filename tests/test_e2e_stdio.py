@@ -440,8 +440,8 @@ def test_ctrl_c_stops_the_stdio_server_while_stdin_stays_open(offline_env, data_
 
 
 @pytest.mark.parametrize("case", ["data-dir-is-file", "data-dir-under-file", "model-path-missing",
-                                  "model-path-not-a-model", "model-path-broken", "host-keys-missing",
-                                  "host-keys-empty"])
+                                  "model-path-is-a-file", "model-path-not-a-model", "model-path-broken",
+                                  "host-keys-missing", "host-keys-empty"])
 def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_env, tmp_path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -450,9 +450,11 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
         "data-dir-is-file": f"data_dir {afile} exists and is not a directory",
         "data-dir-under-file": f"data_dir {afile}/sub is not usable: Not a directory",
         "model-path-missing": f"model_path {tmp_path}/nope does not exist (omit it to use the packaged model)",
-        "model-path-not-a-model": f"model_path {tmp_path} is not a sentence-transformers model (no modules.json)",
-        "model-path-broken": f"model_path {tmp_path}/broken does not load: EmbedderUnavailable: no model weights in"
-                             f" {tmp_path}/broken",
+        "model-path-is-a-file": f"model_path {afile} is not a model directory (it is a file)",
+        "model-path-not-a-model": f"model_path {tmp_path} is not a sentence-transformers model directory (no"
+                                  " modules.json or config.json)",
+        "model-path-broken": f"model_path {tmp_path}/broken holds no model weights (model.safetensors or"
+                             " pytorch_model.bin)",
         "host-keys-missing": f"host-keys file not found: {tmp_path}/keys.toml",
         "host-keys-empty": f"host-keys file {tmp_path}/empty.toml lists no [[host]]: no host could call",
     }[case]
@@ -462,6 +464,8 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
         data_dir = afile / "sub"
     elif case == "model-path-missing":
         extra = ["--model-path", str(tmp_path / "nope")]
+    elif case == "model-path-is-a-file":
+        extra = ["--model-path", str(afile)]
     elif case == "model-path-not-a-model":
         extra = ["--model-path", str(tmp_path)]
     elif case == "model-path-broken":
@@ -481,6 +485,8 @@ def test_launch_mistakes_exit_2_with_one_line_before_serving(case: str, offline_
     assert proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1] == "engram-memory: error: " + expected
     assert "Traceback" not in proc.stderr
+    if not case.startswith("data-dir"):
+        assert not data_dir.exists(), "a refused launch created the data dir"
 
 
 async def test_every_file_the_server_creates_is_owner_only(start_server, data_dir_factory, backend) -> None:

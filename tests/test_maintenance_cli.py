@@ -170,7 +170,8 @@ def test_a_missing_model_path_is_refused_before_any_work(store: Path, tmp_path: 
     not_a_model = tmp_path / "downloads"
     not_a_model.mkdir()
     refused_untouched(store, ["--data-dir", str(store), "--model-path", str(not_a_model)], offline_env,
-                      f"--model-path {not_a_model} is not a sentence-transformers model (no modules.json)")
+                      f"--model-path {not_a_model} is not a sentence-transformers model directory (no modules.json"
+                      " or config.json)")
 
 
 # ---- scopes -------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""The embedder's forward pass on ONNX Runtime: the packaged model's vectors as sentence-transformers
-computes them on torch, an export cache that repairs itself, and a serving process without torch."""
+"""The embedder's forward pass on ONNX Runtime, its graph assembled from the model's weights without
+torch (retrieval/onnx_graph.py): the packaged model's vectors as sentence-transformers computes them on
+torch (the reference runtime, installed in CI by the `torch` extra), a graph cache that repairs itself,
+and a serving process without torch."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from engram_memory.retrieval.embedder import Embedder, packaged_model_path
 from engram_memory.retrieval.onnx_runtime import MANIFEST, ONNX_FILE, OnnxUnavailable, Pipeline, ensure_onnx
 from tests.retrieval_fixtures import real_embedder  # noqa: F401  (session fixture)
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SCIFACT = DATA / "scifact"
+# The development collections whose queries and documents the torch-free vectors are compared on.
+DEVELOPMENT = ("scifact", "cranfield", "medline", "locomo/locomo-26")
 TEXTS = ["the cat sat on the mat", "a kitten rests on a rug", "quarterly tax filing deadlines",
          "Ünïcödé façade naïve café", "x" * 3000, ""]
 
@@ -29,18 +34,33 @@ def queries(n: int = 60) -> list[str]:
         return [json.loads(line)["text"] for _, line in zip(range(n), fh, strict=False)]
 
 
+def development_texts(per_file: int = 25) -> list[str]:
+    """The first queries and documents of each development collection (title + text, as ingested)."""
+    texts: list[str] = []
+    for name in DEVELOPMENT:
+        for file, field in (("queries.jsonl", "text"), ("corpus.jsonl", "doc")):
+            path = DATA / name / file
+            if not path.exists():
+                pytest.skip(f"{path} is missing (the development collections sit in ../shared/data)")
+            with path.open() as fh:
+                for _, line in zip(range(per_file), fh, strict=False):
+                    row = json.loads(line)
+                    texts.append(row["text"] if field == "text" else f"{row.get('title', '')}\n{row['text']}".strip())
+    return texts
+
+
 def test_onnx_vectors_equal_sentence_transformers_on_torch(real_embedder: Embedder) -> None:  # noqa: F811
     assert real_embedder.runtime == "onnxruntime-1.32.0/fp32"
     torch_embedder = Embedder(runtime="torch").start()
     assert torch_embedder.wait(300), torch_embedder.error
     assert torch_embedder.runtime is not None and torch_embedder.runtime.startswith("torch-")
-    texts = TEXTS + queries()
+    texts = TEXTS + development_texts()
     single = np.vstack([real_embedder.encode_query(t) for t in texts])
     batch = real_embedder.encode(texts)
     reference = torch_embedder.encode(texts)
-    # Measured: 2.0e-7 per component on SciFact queries and abstracts (fp32 rounding, not drift).
-    assert np.abs(single - reference).max() < 2e-6
-    assert np.abs(batch - reference).max() < 2e-6
+    # The issue's bound is 1e-5 per component; measured 1.5e-7 over these 206 texts (fp32 rounding).
+    assert np.abs(single - reference).max() < 1e-5
+    assert np.abs(batch - reference).max() < 1e-5
     assert float((single * reference).sum(axis=1).min()) > 0.99999
     # Long texts are cut where sentence-transformers cuts them (max_seq_length 256 tokens).
     assert np.allclose(real_embedder.encode_query("x" * 3000), real_embedder.encode_query("x" * 6000))
@@ -60,7 +80,7 @@ def test_the_pipeline_is_read_from_the_model_files(tmp_path: Path) -> None:
         Pipeline.read(tmp_path)  # a Dense layer is not reproduced: such a model runs on torch
 
 
-def test_a_missing_or_corrupt_export_is_rebuilt(tmp_path: Path) -> None:
+def test_a_missing_corrupt_or_outdated_graph_is_rebuilt(tmp_path: Path) -> None:
     model = packaged_model_path()
     assert model is not None
     digest = Embedder().model_digest
@@ -77,19 +97,46 @@ def test_a_missing_or_corrupt_export_is_rebuilt(tmp_path: Path) -> None:
         fh.write(bytes([byte[0] ^ 0xFF]))
     rebuilt = ensure_onnx(model, digest, tmp_path)
     assert json.loads((rebuilt.parent / MANIFEST).read_text())["onnx_sha256"] == manifest["onnx_sha256"]
+    # A graph an older builder wrote (here: the manifest says so) is assembled again.
+    (onnx.parent / MANIFEST).write_text(json.dumps({**manifest, "builder": "bert-graph/0"}))
+    before = onnx.stat().st_mtime_ns
+    assert ensure_onnx(model, digest, tmp_path) == onnx and onnx.stat().st_mtime_ns != before
+    assert json.loads((onnx.parent / MANIFEST).read_text())["builder"] == manifest["builder"]
     onnx.unlink()
-    e = Embedder(cache_dir=tmp_path).start()  # the file is gone: exported again, never a crash
+    e = Embedder(cache_dir=tmp_path).start()  # the file is gone: assembled again, never a crash
     assert e.wait(300) and e.runtime == "onnxruntime-1.32.0/fp32"
     assert onnx.exists()
 
 
-def test_a_serving_process_never_imports_torch_once_exported(real_embedder: Embedder) -> None:  # noqa: F811
+def test_the_graph_is_assembled_without_torch(tmp_path: Path) -> None:
+    """An empty graph cache: the process assembles the graph and encodes, and never imports torch,
+    transformers or sentence-transformers (all installed here, so an import would show)."""
     code = ("import sys; from engram_memory.retrieval.embedder import Embedder; e = Embedder().start(); "
-            "assert e.wait(300), e.error; e.encode_query('hello'); print(e.runtime, 'torch' in sys.modules)")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            "assert e.wait(300), e.error; e.encode_query('hello'); "
+            "print(e.runtime, *(m in sys.modules for m in ('torch', 'transformers', 'sentence_transformers')))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ENGRAM_MODEL_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["onnxruntime-1.32.0/fp32", "False"]
+    assert done.stdout.split() == ["onnxruntime-1.32.0/fp32", "False", "False", "False"]
+    assert [p.name for p in tmp_path.glob("*/*")] and all(p.is_file() for p in tmp_path.glob("*/model.onnx"))
+
+
+def test_a_model_the_builder_cannot_express_is_named(tmp_path: Path) -> None:
+    """Another architecture: ONNX is unavailable with a line naming it (the embedder then runs the
+    model on torch when the `torch` extra is installed, else fails naming the extra)."""
+    model = packaged_model_path()
+    assert model is not None
+    for item in model.iterdir():
+        if item.name != "config.json":
+            (tmp_path / item.name).symlink_to(item)
+    config = json.loads((model / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(OnnxUnavailable, match="architecture 'gpt2' is not one the ONNX builder assembles"):
+        ensure_onnx(tmp_path, "sha256:" + "0" * 64, tmp_path / "cache")
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    with pytest.raises(OnnxUnavailable, match="activation 'relu'"):
+        ensure_onnx(tmp_path, "sha256:" + "1" * 64, tmp_path / "cache")
 
 
 def test_a_document_batch_leaves_no_resident_memory_behind(real_embedder: Embedder) -> None:  # noqa: F811
@@ -110,3 +157,23 @@ def test_a_document_batch_leaves_no_resident_memory_behind(real_embedder: Embedd
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) < 60  # MiB kept after the batch
+
+
+def test_the_graph_is_valid_onnx_written_with_onnx_s_own_schema(tmp_path: Path) -> None:
+    """The schema we write with is byte for byte the one the onnx package ships, and the file the builder
+    writes passes onnx's full checker (shape inference included)."""
+    import onnx
+    import onnx.onnx_ml_pb2
+
+    from engram_memory.retrieval.onnx_graph import build
+    from engram_memory.retrieval.onnx_proto import SCHEMA
+
+    assert SCHEMA.read_bytes() == onnx.onnx_ml_pb2.DESCRIPTOR.serialized_pb
+    model = packaged_model_path()
+    assert model is not None
+    path = tmp_path / "model.onnx"
+    path.write_bytes(build(model))
+    onnx.checker.check_model(str(path), full_check=True)
+    loaded = onnx.load(str(path))
+    assert [i.name for i in loaded.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert loaded.opset_import[0].version == 17

@@ -1,0 +1,270 @@
+"""A BERT-family encoder as an ONNX graph, assembled from the model's own weights without torch.
+
+The graph computes what ``transformers``' ``BertModel`` (and ``XLMRobertaModel``) compute in
+inference: embeddings (word + position + token type, LayerNorm), then ``num_hidden_layers``
+encoder layers (multi-head self-attention with the padding mask, residual + LayerNorm, a GELU
+feed-forward, residual + LayerNorm), and returns ``last_hidden_state``. Pooling and normalisation
+stay in numpy (retrieval/onnx_runtime.py), as the sentence-transformers module list describes them.
+
+Weights come from ``model.safetensors`` (read with ``safetensors``' numpy loader, no torch) and the
+shape of the network from ``config.json``; the file is written with ONNX's own schema through protobuf
+(retrieval/onnx_proto.py), so neither torch nor the ``onnx`` package is needed.
+
+Anything this builder does not express — another architecture, relative position embeddings,
+another activation, only a ``pytorch_model.bin`` (a pickle that needs torch) — raises
+``GraphUnsupported`` naming what, and the caller says which runtime can run it.
+
+Inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64, ``[batch, sequence]``),
+output ``last_hidden_state`` (float32, ``[batch, sequence, hidden]``), opset 17 (LayerNormalization
+is an operator there). Equality with sentence-transformers on torch is tested per component
+(tests/test_retrieval_onnx.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engram_memory.retrieval import onnx_proto
+
+OPSET = 17
+IR_VERSION = 8  # what ONNX Runtime 1.32 reads for opset 17
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUT = "last_hidden_state"
+# Bumped whenever the graph this module writes changes, so a cached graph of an older builder is
+# rebuilt (retrieval/onnx_runtime.py keys its cache on the model digest and this).
+BUILDER_VERSION = "bert-graph/1"
+WEIGHTS_FILE = "model.safetensors"
+_ARCHITECTURES = {"bert", "xlm-roberta", "roberta"}
+_GELU = {"gelu", "gelu_python"}  # the exact (erf) GELU; "gelu_new" is the tanh approximation
+
+
+class GraphUnsupported(ValueError):
+    """The model cannot be expressed by this builder (the message names what)."""
+
+
+@dataclass(frozen=True)
+class BertShape:
+    """What ``config.json`` says about the network (only what the graph needs)."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    eps: float
+    pad_token_id: int
+
+    @classmethod
+    def read(cls, config: Mapping[str, Any]) -> BertShape:
+        model_type = str(config.get("model_type", ""))
+        if model_type not in _ARCHITECTURES:
+            raise GraphUnsupported(f"architecture {model_type or 'unknown'!r} is not one the ONNX builder assembles")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise GraphUnsupported("relative position embeddings are not assembled by the ONNX builder")
+        if config.get("hidden_act", "gelu") not in _GELU:
+            raise GraphUnsupported(f"activation {config.get('hidden_act')!r} is not assembled by the ONNX builder")
+        if config.get("is_decoder") or config.get("add_cross_attention"):
+            raise GraphUnsupported("a decoder is not an encoder the ONNX builder assembles")
+        try:
+            shape = cls(model_type, int(config["hidden_size"]), int(config["num_hidden_layers"]),
+                        int(config["num_attention_heads"]), int(config["intermediate_size"]),
+                        float(config.get("layer_norm_eps", 1e-12)), int(config.get("pad_token_id") or 0))
+        except (KeyError, TypeError, ValueError):
+            raise GraphUnsupported("config.json lacks the encoder's sizes") from None
+        if shape.hidden % shape.heads:
+            raise GraphUnsupported("hidden_size is not a multiple of num_attention_heads")
+        return shape
+
+    @property
+    def offset_positions(self) -> bool:
+        """RoBERTa-style positions count from ``pad_token_id + 1`` over non-padding tokens."""
+        return self.model_type in ("xlm-roberta", "roberta")
+
+
+def load_weights(model_dir: Path) -> dict[str, np.ndarray]:
+    """The tensors of ``model.safetensors`` with any ``bert.``/``roberta.`` prefix removed."""
+    path = model_dir / WEIGHTS_FILE
+    if not path.is_file():
+        raise GraphUnsupported(f"no {WEIGHTS_FILE} (a pytorch_model.bin alone needs torch to read)")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        raw = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise GraphUnsupported(f"{WEIGHTS_FILE} could not be read ({type(exc).__name__})") from None
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in raw.items():
+        for prefix in ("bert.", "roberta.", "model."):
+            if name.startswith(prefix) and name[len(prefix):].startswith(("embeddings.", "encoder.")):
+                name = name[len(prefix):]
+                break
+        out[name] = tensor
+    return out
+
+
+class _Graph:
+    """Nodes and initializers with generated names, as ONNX protobuf messages."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        self._weights = weights
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self._count = 0
+
+    def weight(self, name: str, transpose: bool = False) -> str:
+        """An initializer from the checkpoint (``transpose``: a Linear's ``[out, in]`` as ``[in, out]``)."""
+        try:
+            value = self._weights[name]
+        except KeyError:
+            raise GraphUnsupported(f"the checkpoint lacks {name}") from None
+        value = np.ascontiguousarray(value.T if transpose else value, dtype=np.float32)
+        return self.constant(value, name + (".T" if transpose else ""))
+
+    def constant(self, value: np.ndarray, name: str | None = None) -> str:
+        name = name or self._fresh("const")
+        kinds = {np.dtype(np.float32): onnx_proto.FLOAT, np.dtype(np.int64): onnx_proto.INT64}
+        tensor = onnx_proto.message("TensorProto")(name=name, dims=list(value.shape), data_type=kinds[value.dtype])
+        tensor.raw_data = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
+        self.initializers.append(tensor)
+        return name
+
+    def op(self, kind: str, *inputs: str, **attrs: Any) -> str:
+        out = self._fresh(kind.lower())
+        self.node(kind, list(inputs), out, **attrs)
+        return out
+
+    def node(self, kind: str, inputs: list[str], output: str, **attrs: Any) -> None:
+        node = onnx_proto.message("NodeProto")(op_type=kind, input=inputs, output=[output], name=output)
+        for key, value in sorted(attrs.items()):
+            attribute = node.attribute.add(name=key)
+            if isinstance(value, float):
+                attribute.type, attribute.f = onnx_proto.ATTR_FLOAT, value
+            elif isinstance(value, int):
+                attribute.type, attribute.i = onnx_proto.ATTR_INT, value
+            else:
+                attribute.type = onnx_proto.ATTR_INTS
+                attribute.ints.extend(int(v) for v in value)
+        self.nodes.append(node)
+
+    def _fresh(self, stem: str) -> str:
+        self._count += 1
+        return f"{stem}_{self._count}"
+
+
+def _layer_norm(g: _Graph, x: str, prefix: str, eps: float) -> str:
+    return g.op("LayerNormalization", x, g.weight(prefix + ".weight"), g.weight(prefix + ".bias"),
+                axis=-1, epsilon=eps)
+
+
+def _linear(g: _Graph, x: str, prefix: str) -> str:
+    return g.op("Add", g.op("MatMul", x, g.weight(prefix + ".weight", transpose=True)), g.weight(prefix + ".bias"))
+
+
+def _embeddings(g: _Graph, shape: BertShape) -> str:
+    words = g.op("Gather", g.weight("embeddings.word_embeddings.weight"), "input_ids", axis=0)
+    types = g.op("Gather", g.weight("embeddings.token_type_embeddings.weight"), "token_type_ids", axis=0)
+    if shape.offset_positions:
+        # create_position_ids_from_input_ids: cumsum over non-padding tokens, offset by the pad id.
+        real = g.op("Cast", g.op("Not", g.op("Equal", "input_ids", g.constant(np.array(shape.pad_token_id, np.int64)))),
+                    to=7)  # int64
+        counted = g.op("Mul", g.op("CumSum", real, g.constant(np.array(1, np.int64))), real)
+        positions = g.op("Add", counted, g.constant(np.array(shape.pad_token_id, np.int64)))
+    else:
+        length = g.op("Squeeze", g.op("Shape", "input_ids", start=1, end=2), g.constant(np.array([0], np.int64)))
+        positions = g.op("Range", g.constant(np.array(0, np.int64)), length, g.constant(np.array(1, np.int64)))
+    placed = g.op("Gather", g.weight("embeddings.position_embeddings.weight"), positions, axis=0)
+    summed = g.op("Add", g.op("Add", words, types), placed)
+    return _layer_norm(g, summed, "embeddings.LayerNorm", shape.eps)
+
+
+def _mask_bias(g: _Graph) -> str:
+    """``(1 - mask) * finfo(float32).min`` as ``[batch, 1, 1, sequence]``: BERT's extended mask."""
+    mask = g.op("Cast", "attention_mask", to=1)  # float
+    keep = g.op("Sub", g.constant(np.array(1.0, np.float32)), mask)
+    bias = g.op("Mul", keep, g.constant(np.array(np.finfo(np.float32).min, np.float32)))
+    return g.op("Unsqueeze", bias, g.constant(np.array([1, 2], np.int64)))
+
+
+def _attention(g: _Graph, x: str, prefix: str, shape: BertShape, bias: str) -> str:
+    width = shape.hidden // shape.heads
+    split = g.constant(np.array([0, 0, shape.heads, width], np.int64))
+    joined = g.constant(np.array([0, 0, shape.hidden], np.int64))
+
+    def heads(name: str, perm: list[int]) -> str:
+        projected = _linear(g, x, f"{prefix}.self.{name}")
+        return g.op("Transpose", g.op("Reshape", projected, split), perm=perm)
+
+    query = heads("query", [0, 2, 1, 3])  # [batch, heads, sequence, width]
+    key = heads("key", [0, 2, 3, 1])  # [batch, heads, width, sequence]
+    value = heads("value", [0, 2, 1, 3])
+    scores = g.op("Mul", g.op("MatMul", query, key), g.constant(np.array(1.0 / math.sqrt(width), np.float32)))
+    weights = g.op("Softmax", g.op("Add", scores, bias), axis=-1)
+    context = g.op("Reshape", g.op("Transpose", g.op("MatMul", weights, value), perm=[0, 2, 1, 3]), joined)
+    out = _linear(g, context, f"{prefix}.output.dense")
+    return _layer_norm(g, g.op("Add", out, x), f"{prefix}.output.LayerNorm", shape.eps)
+
+
+def _gelu(g: _Graph, x: str) -> str:
+    """The exact GELU, ``x / 2 * (1 + erf(x / sqrt 2))`` (ONNX Runtime fuses it into one kernel)."""
+    erf = g.op("Erf", g.op("Div", x, g.constant(np.array(math.sqrt(2.0), np.float32))))
+    return g.op("Mul", g.op("Mul", x, g.op("Add", erf, g.constant(np.array(1.0, np.float32)))),
+                g.constant(np.array(0.5, np.float32)))
+
+
+def _feed_forward(g: _Graph, x: str, prefix: str, shape: BertShape) -> str:
+    inner = _gelu(g, _linear(g, x, f"{prefix}.intermediate.dense"))
+    out = _linear(g, inner, f"{prefix}.output.dense")
+    return _layer_norm(g, g.op("Add", out, x), f"{prefix}.output.LayerNorm", shape.eps)
+
+
+def build(model_dir: Path) -> bytes:
+    """The serialized ONNX model of ``model_dir``'s encoder. Raises ``GraphUnsupported``."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise GraphUnsupported("no readable config.json") from None
+    if not isinstance(config, dict):
+        raise GraphUnsupported("config.json is not an object")
+    shape = BertShape.read(config)
+    weights = load_weights(model_dir)
+    return assemble(shape, weights)
+
+
+def _value_info(name: str, elem_type: int, dims: list[str | int]) -> Any:
+    info = onnx_proto.message("ValueInfoProto")(name=name)
+    info.type.tensor_type.elem_type = elem_type
+    for dim in dims:
+        entry = info.type.tensor_type.shape.dim.add()
+        if isinstance(dim, str):
+            entry.dim_param = dim
+        else:
+            entry.dim_value = dim
+    return info
+
+
+def assemble(shape: BertShape, weights: Mapping[str, np.ndarray]) -> bytes:
+    """The serialized graph for ``shape`` with ``weights`` (checkpoint names without prefix)."""
+    g = _Graph(weights)
+    hidden = _embeddings(g, shape)
+    bias = _mask_bias(g)
+    for index in range(shape.layers):
+        prefix = f"encoder.layer.{index}"
+        hidden = _attention(g, hidden, prefix + ".attention", shape, bias)
+        hidden = _feed_forward(g, hidden, prefix, shape)
+    g.node("Identity", [hidden], OUTPUT)
+    graph = onnx_proto.message("GraphProto")(
+        name="encoder", node=g.nodes, initializer=g.initializers,
+        input=[_value_info(name, onnx_proto.INT64, ["batch", "sequence"]) for name in INPUTS],
+        output=[_value_info(OUTPUT, onnx_proto.FLOAT, ["batch", "sequence", shape.hidden])])
+    model = onnx_proto.message("ModelProto")(ir_version=IR_VERSION, producer_name="engram-memory",
+                                              producer_version=BUILDER_VERSION, graph=graph)
+    model.opset_import.add(domain="", version=OPSET)
+    return bytes(model.SerializeToString())
