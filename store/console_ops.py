@@ -22,13 +22,14 @@ import secrets
 from typing import Any
 
 from engram_memory.models.limits import CONFIRM_TTL_S
+from engram_memory.models.states import Operation, can_transition
 from engram_memory.store import hostops
 from engram_memory.store.adjudicate import check_reason
 from engram_memory.store.console_reads import operator_context, record_console_call
 from engram_memory.store.ledger import intent_hash
 from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 
-__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "run"]
+__all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "legal_operations", "run"]
 
 # operation -> the request fields the operator gives (beyond "operation" and "reason").
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -39,6 +40,15 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "forget": ("record_id", "idempotency_key", "reason_ref"),
 }
 REVOKE_TARGETS = ("source_ref", "evidence_ref", "principal")
+# The record operations of the record page, each with the lifecycle move that decides where it is
+# legal (resolve only ever starts from a disputed record: store/hostops.resolve).
+RECORD_MOVES: dict[str, Operation] = {"dispute": Operation.DISPUTE, "resolve": Operation.RESOLVE_DISPUTE,
+                                      "supersede": Operation.SUPERSEDE, "forget": Operation.TOMBSTONE}
+
+
+def legal_operations(state: str) -> list[str]:
+    """The record page's operations a record in ``state`` may undergo (the state machine's table)."""
+    return [name for name, move in RECORD_MOVES.items() if can_transition(move, state)]
 
 
 def build(operation: str, fields: dict[str, str]) -> dict[str, Any]:

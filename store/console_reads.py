@@ -166,13 +166,33 @@ def record_console_call(engine: Engine, scope_ref: str, tool: str, session: str,
 
 
 def records(engine: Engine, scope_ref: str, state: str | None = None) -> list[dict[str, Any]]:
-    """The scope's records (newest first): ids, states, cursors, digests."""
+    """The scope's records (newest first): ids, states, cursors, digests, and the first
+    ``EXCERPT_CHARS`` characters of each primary component's text while its key exists."""
     if state is None:
         rows = _rows(engine, "records", [scope_ref, LISTED])
     else:
         rows = _rows(engine, "records_in_state", [scope_ref, state, LISTED])
+    texts = _excerpts(engine, scope_ref, [row[0] for row in rows])
     return [{"record_id": rid, "state": st, "recorded_cursor": int(cur), "record_digest": rd,
-             "event_type": et or ""} for rid, st, cur, rd, et in rows]
+             "event_type": et or "", "text": texts.get(rid)} for rid, st, cur, rd, et in rows]
+
+
+EXCERPT_CHARS = 120
+
+
+def _excerpts(engine: Engine, scope_ref: str, record_ids: list[str]) -> dict[str, str]:
+    """Each record's primary component text, cut to ``EXCERPT_CHARS`` (forgotten records: none)."""
+    out: dict[str, str] = {}
+    for sealed in engine.db.load_records(record_ids) if record_ids else []:
+        if sealed.scope_ref != scope_ref or sealed.body is None:
+            continue
+        body = engine.lifecycle.load_record(sealed.record_id, sealed.key_ref, sealed.body)
+        if body is None:
+            continue
+        primary = body.get("primary_component_id")
+        text = next((c["text"] for c in body.get("components", []) if c.get("component_id") == primary), "")
+        out[sealed.record_id] = text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 1] + "…"
+    return out
 
 
 def record_detail(engine: Engine, scope_ref: str, record_id: str) -> dict[str, Any] | None:

@@ -145,6 +145,17 @@ def main_text(page: Any) -> str:
     return str(page.inner_text("main"))
 
 
+def result_rows(page: Any) -> dict[str, str]:
+    """The operation's result table (``#result``): dotted key -> value."""
+    table = page.locator("#result")
+    return dict(zip(table.locator("th").all_inner_texts(), table.locator("td").all_inner_texts(), strict=True))
+
+
+def shows(page: Any, name: str, value: str) -> bool:
+    """Does the result table hold a field ``name`` (at any depth) with ``value``?"""
+    return any(key.rsplit(".", 1)[-1] == name and v == value for key, v in result_rows(page).items())
+
+
 # ---- sessions ---------------------------------------------------------------------------------
 
 
@@ -194,8 +205,7 @@ def test_a_held_candidate_is_revealed_on_request_and_accepted(page: Any, console
     section = page.locator(f"#cand-{held}")
     section.locator("input[name=reason]").fill("the team confirmed backups still run nightly")
     section.get_by_role("button", name="Accept").click()
-    result = page.inner_text("#result")
-    assert '"status": "accepted"' in result and '"decision": "accept"' in result
+    assert shows(page, "status", "accepted") and shows(page, "decision", "accept")
     page.goto(scope_url(console, "/candidates"))
     assert page.locator(f"#cand-{held}").count() == 0
     page.goto(scope_url(console, "/search?q=nightly+backups"))
@@ -239,9 +249,8 @@ def test_forget_shows_the_request_digest_and_runs_only_once_confirmed(
     confirmation = {name: page.locator(f"form.op input[name={name}]").get_attribute("value")
                     for name in ("csrf", "nonce", "digest")}
     page.get_by_role("button", name="Confirm forget").click()
-    result = page.inner_text("#result")
-    assert '"to_state": "tombstoned"' in result and '"from_state": "accepted_current"' in result
-    assert '"projection_invalidation": "complete"' in result
+    assert shows(page, "to_state", "tombstoned") and shows(page, "from_state", "accepted_current")
+    assert shows(page, "projection_invalidation", "complete")
     other_tab.goto(scope_url(console, f"/records/{rid}"))
     assert other_tab.inner_text("#state") == "tombstoned" and "content is gone" in main_text(other_tab)
     other_tab.goto(scope_url(console, "/search?q=Tantivy+lexical"))
@@ -294,7 +303,7 @@ def test_supersede_shows_its_digest_and_changes_the_search(page: Any, console: C
     assert page.inner_text("#digest") == hostops.operation_digest(
         {"operation": "supersede", "record_id": old, "by": new, "reason": "we moved to PostgreSQL"})
     page.get_by_role("button", name="Confirm supersede").click()
-    assert "historical" in page.inner_text("#result")
+    assert shows(page, "to_state", "historical")
     page.goto(scope_url(console, "/search?q=DuckDB+lifecycle"))
     ranked = page.inner_text("#ranked")
     assert old[:16] not in ranked and new[:16] in ranked
@@ -302,8 +311,8 @@ def test_supersede_shows_its_digest_and_changes_the_search(page: Any, console: C
     assert page.inner_text("#state") == "historical"
 
 
-def confirm_operation(page: Any, form_id: str, fields: dict[str, str]) -> str:
-    """Fill an operation's form on a record page, review it, confirm it; returns the result text."""
+def confirm_operation(page: Any, form_id: str, fields: dict[str, str]) -> dict[str, str]:
+    """Fill an operation's form on a record page, review it, confirm it; returns the result's rows."""
     form = page.locator(form_id)
     for name, value in fields.items():
         if name == "current":
@@ -313,25 +322,63 @@ def confirm_operation(page: Any, form_id: str, fields: dict[str, str]) -> str:
     form.get_by_role("button").click()
     assert page.inner_text("#digest").startswith("sha256:")
     page.locator("#confirm").click()
-    return str(page.inner_text("#result"))
+    return result_rows(page)
 
 
 def test_dispute_then_resolve_takes_a_record_out_of_search_and_back(page: Any, console: Console,
                                                                      store: tuple[Path, dict[str, Any]]) -> None:
     rid = store[1]["new"]
     page.goto(scope_url(console, f"/records/{rid}"))
-    assert '"to_state": "accepted_disputed"' in confirm_operation(page, "#op-dispute", {"reason": "contested"})
+    assert forms(page) == ["op-dispute", "op-forget", "op-supersede"]  # no resolve: nothing is disputed
+    assert "accepted_disputed" in confirm_operation(page, "#op-dispute", {"reason": "contested"}).values()
     page.goto(scope_url(console, "/search?q=PostgreSQL+lifecycle"))
     assert page.locator("#no-results").count() == 1
     page.goto(scope_url(console, f"/records/{rid}"))
     assert page.inner_text("#state") == "accepted_disputed"
+    assert forms(page) == ["op-forget", "op-resolve", "op-supersede"]  # disputed: not again
     result = confirm_operation(page, "#op-resolve", {"current": "current", "reason": "checked: still true"})
-    assert '"to_state": "accepted_current"' in result
+    assert result["receipt.to_state"] == "accepted_current", result
     page.goto(scope_url(console, "/search?q=PostgreSQL+lifecycle"))
     assert rid[:16] in page.inner_text("#ranked")
     page.goto(scope_url(console, f"/records/{rid}"))
     history = main_text(page)
     assert "contested" in history and "checked: still true" in history
+
+
+def forms(page: Any) -> list[str]:
+    """The ids of the operation forms a record page offers, sorted."""
+    return sorted(str(f.get_attribute("id")) for f in page.locator("form.op").all())
+
+
+def test_the_records_list_shows_each_text_and_filters_by_state(page: Any, console: Console,
+                                                                store: tuple[Path, dict[str, Any]]) -> None:
+    page.goto(scope_url(console, "/records"))
+    rows = page.locator("main table tr").all_inner_texts()
+    new_row = next(r for r in rows if store[1]["new"] in r)
+    assert NEW_TEXT[:40] in new_row  # the primary component's text, first 120 characters
+    forgotten = store[1]["records"][-1]  # fill_engine forgot it
+    assert "(forgotten: key destroyed)" in next(r for r in rows if forgotten in r)
+    page.goto(scope_url(console, "/records?state=tombstoned"))
+    listed = main_text(page)
+    assert forgotten in listed and store[1]["new"] not in listed
+    page.goto(scope_url(console, f"/records/{forgotten}"))
+    assert forms(page) == [] and "No operation applies to a record in state tombstoned" in main_text(page)
+
+
+def test_the_scope_page_says_what_the_two_cursors_mean(page: Any, console: Console) -> None:
+    page.goto(scope_url(console))
+    text = main_text(page)
+    assert "the last of them the search indexes have applied" in text and "search reflects every change" in text
+
+
+def test_the_activity_plot_ticks_are_whole_numbers() -> None:
+    from engram_memory.server.console.plot import activity_svg
+
+    for peak, expected in ((1, ["0", "1"]), (3, ["0", "1", "2", "3"]), (10, ["0", "3", "6", "9", "12"])):
+        svg = activity_svg({"days": ["2026-01-01", "2026-01-02"], "series": {"admitted": [peak, 0]}})
+        assert [t["text"] for t in svg["ticks"]] == expected, peak
+        plot_h = svg["base"] - svg["top"]  # the axis tops at the last tick: a bar's height is to that scale
+        assert max(b["h"] for b in svg["bars"]) == round(plot_h * peak / int(expected[-1]), 1)
 
 
 def test_revoke_trust_in_process(tmp_path: Path) -> None:
@@ -444,7 +491,7 @@ def test_a_console_on_a_postgresql_store(browser: Any, tmp_path: Path, pg_databa
         section = tab.locator(f"#cand-{held}")
         section.locator("input[name=reason]").fill("checked on the shared store")
         section.get_by_role("button", name="Accept").click()
-        assert '"status": "accepted"' in tab.inner_text("#result")
+        assert shows(tab, "status", "accepted")
         tab.goto(base + "/search?q=nightly+backups")
         assert "Backups run nightly at two" in tab.inner_text("#ranked")
         rid = made["records"][0]
@@ -452,7 +499,7 @@ def test_a_console_on_a_postgresql_store(browser: Any, tmp_path: Path, pg_databa
         tab.locator("#op-forget input[name=reason]").fill("asked to forget")
         tab.locator("#op-forget button").click()
         tab.locator("#confirm").click()
-        assert '"to_state": "tombstoned"' in tab.inner_text("#result")
+        assert shows(tab, "to_state", "tombstoned")
         tab.goto(base + "/journal")
         assert tab.inner_text("#chain") == "verifies"
         assert tab.goto(f"http://127.0.0.1:{port}/scope/globex/ops").status == 404

@@ -273,7 +273,7 @@ class _Console:
         except (AdminUsageError, AdminRefusal) as exc:
             return await self.candidates(request, message=_refusal(exc), status_code=_status(exc))
         return self.page(request, "result.html", {"scope": console_reads.scope_pair(ref), "operation": "adjudicate",
-                                                  "result": result})
+                                                  "rows": result_rows(result)})
 
     async def records(self, request: Request) -> Response:
         ref = await self.scope_ref(request)
@@ -289,7 +289,8 @@ class _Console:
         detail = await self.call(console_reads.record_detail, self.state.engine, ref, request.path_params["rid"])
         if detail is None:
             raise HTTPException(404, "No such record in this scope.")
-        return self.page(request, "record.html", {"scope": console_reads.scope_pair(ref), "record": detail})
+        return self.page(request, "record.html", {"scope": console_reads.scope_pair(ref), "record": detail,
+                                                  "operations": console_ops.legal_operations(detail["state"])})
 
     async def journal(self, request: Request) -> Response:
         ref = await self.scope_ref(request)
@@ -372,7 +373,7 @@ class _Console:
             raise HTTPException(_status(exc), _refusal(exc)) from None
         return self.page(request, "result.html", {"scope": console_reads.scope_pair(ref),
                                                   "operation": pending.operation, "digest": pending.digest,
-                                                  "result": result})
+                                                  "rows": result_rows(result)})
 
     def _in_scope(self, ref: str, operation: str, request: dict[str, Any]) -> None:
         """Every record an operation names belongs to the page's scope (a bound console never
@@ -389,6 +390,15 @@ class _Console:
         now = self.state.clock()
         for nonce in [n for n, c in self.state.confirmations.items() if c.expires <= now]:
             del self.state.confirmations[nonce]
+
+
+def result_rows(value: Any, key: str = "") -> list[tuple[str, str]]:
+    """An operation's result as (dotted key, value) rows for a table: nested objects by path."""
+    if isinstance(value, dict):
+        return [row for k, v in value.items() for row in result_rows(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(value, list):
+        return [row for i, v in enumerate(value) for row in result_rows(v, f"{key}[{i}]")] or [(key, "[]")]
+    return [(key, "true" if value is True else "false" if value is False else str(value))]
 
 
 def _session_tag(sid: str) -> str:
