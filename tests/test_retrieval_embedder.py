@@ -110,8 +110,9 @@ def test_digest_covers_weights_tokenizer_and_config_only(tmp_path: Path) -> None
     assert src is not None
     copy = tmp_path / "model"
     copy.mkdir()
-    for name in ("config.json", "modules.json", "tokenizer.json", "vocab.txt", "README.md", "data_config.json"):
+    for name in ("config.json", "modules.json", "tokenizer.json", "vocab.txt", "README.md"):
         shutil.copy(src / name, copy / name)
+    (copy / "data_config.json").write_text('{"training": "metadata"}')  # the Hub's, not shipped with ours
     (copy / "1_Pooling").mkdir()
     shutil.copy(src / "1_Pooling" / "config.json", copy / "1_Pooling" / "config.json")
     (copy / "model.safetensors").write_bytes(b"fake weights")
