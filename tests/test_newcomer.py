@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.test_readme import blocks, newcomer_session
+from tests.test_readme import blocks, http_example, newcomer_session
 
 pytestmark = pytest.mark.anyio
 
@@ -54,8 +54,8 @@ async def test_a_newcomer_installs_and_runs_the_lifecycle(tmp_path: Path, offlin
 
 
 def http_first_steps(clone: Path, exe: Path, env: dict[str, str]) -> None:
-    """The README's HTTP keys stay out of the work tree; a busy port is one line and creates nothing."""
-    block = next(b for b in blocks("bash") if "host keygen" in b and "examples/host.py" in b)
+    """The HTTP guide's keys stay out of the work tree; a busy port is one line and creates nothing."""
+    block = http_example()
     keygen = shlex.split(block.strip().splitlines()[0].split("  #")[0])
     home = Path(env["HOME"])
     argv = [str(exe), *(str(home / a[2:]) if a.startswith("~/") else a for a in keygen[1:])]

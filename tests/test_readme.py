@@ -1,4 +1,5 @@
-"""The README, exercised as written: its commands and samples are read out of README.md.
+"""The README and the guides, exercised as written: commands and samples are read out of the page
+that shows them (README.md, the front page, and the guides under docs/).
 
 The install half of the first command is what CI itself runs on a clean clone (`.ci/run`
 is the README's second command); here the server half runs as a newcomer would start it,
@@ -12,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,30 @@ from tests.conftest import REPO, Human, capture_args, check_result, key
 from tests.http_fixtures import free_port, wait_healthy
 
 pytestmark = pytest.mark.anyio
-README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
-def blocks(lang: str) -> list[str]:
-    return re.findall(r"^ *```" + lang + r"\n(.*?)^ *```", README, flags=re.S | re.M)
+def page(name: str = "README.md") -> str:
+    """One page of the documentation: README.md or a guide, `docs/NAME.md`."""
+    return (REPO / name).read_text(encoding="utf-8")
+
+
+# Every page: the front page first, then the guides.
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+
+
+def blocks(lang: str, name: str = "README.md") -> list[str]:
+    """The fenced code blocks of one language on one page, in order."""
+    return re.findall(r"^ *```" + lang + r"\n(.*?)^ *```", page(name), flags=re.S | re.M)
+
+
+def without_code(text: str) -> str:
+    """A page without its fenced code blocks: its prose."""
+    return re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
+
+
+def all_blocks(lang: str) -> list[str]:
+    """The fenced code blocks of one language on every page."""
+    return [b for name in PAGES for b in blocks(lang, name)]
 
 
 def first_serve_command() -> list[str]:
@@ -85,7 +106,7 @@ async def test_the_first_command_serves_the_lifecycle(tmp_path: Path, offline_en
 
 
 async def test_the_toml_sample_parses_and_serves(tmp_path: Path, offline_env: dict[str, str]) -> None:
-    sample = next(b for b in blocks("toml") if "data_dir" in b)
+    sample = next(b for b in blocks("toml", "docs/configuration.md") if "data_dir" in b)
     text = sample.replace('"/srv/engram/acme"', json.dumps(str(tmp_path / "acme")))
     config = tmp_path / "engram.toml"
     config.write_text(text, encoding="utf-8")
@@ -96,8 +117,13 @@ async def test_the_toml_sample_parses_and_serves(tmp_path: Path, offline_env: di
     await newcomer_session(argv, offline_env, purpose.group(1))
 
 
+def http_example() -> str:
+    """The guide's first HTTP commands: keygen, serve --http, the example host."""
+    return next(b for b in blocks("bash", "docs/http.md") if "host keygen" in b and "examples/host.py" in b)
+
+
 def test_the_http_example_connects(tmp_path: Path, offline_env: dict[str, str]) -> None:
-    block = next(b for b in blocks("bash") if "host keygen" in b and "examples/host.py" in b)
+    block = http_example()
     lines = [ln.split("  #")[0].strip() for ln in block.strip().splitlines()]
     keygen, serve, host = (shlex.split(ln.rstrip("&").strip()) for ln in lines)
     port = str(free_port())
@@ -123,31 +149,69 @@ def test_the_http_example_connects(tmp_path: Path, offline_env: dict[str, str]) 
     assert "NOT_FOUND" in ran.stdout  # the walk ends with the forgotten record gone
 
 
-def test_readme_commands_name_real_flags(offline_env: dict[str, str]) -> None:
-    """Every `engram-memory <command> --flag` in the README is a flag that command accepts."""
+def command_lines() -> list[tuple[str, str]]:
+    """Every line that runs `engram-memory`, with its page: in the pages' bash blocks, and in their
+    inline code spans (`engram-memory fuzz --calls 100000 ...`, which may wrap)."""
+    found = []
+    for name in PAGES:
+        for block in blocks("bash", name):
+            found += [(name, line.split("  #")[0]) for line in block.splitlines() if "engram-memory " in line]
+        prose = without_code(page(name))
+        found += [(name, " ".join(span.split())) for span in re.findall(r"`(engram-memory [^`]+)`", prose)]
+    return found
+
+
+def test_every_page_names_real_flags(offline_env: dict[str, str]) -> None:
+    """Every `engram-memory <command> --flag` on the front page or in a guide is a flag that command accepts."""
     helps: dict[str, str] = {}
-    for block in blocks("bash"):
-        for line in block.splitlines():
-            if "engram-memory " not in line:
+    lines = command_lines()
+    pages = {name for name, _ in lines}
+    assert {"README.md", "docs/maintenance.md", "docs/proofs.md", "docs/receipts.md"} <= pages, pages
+    for name, line in lines:
+        words = shlex.split(line.replace("&", " "), comments=True)
+        for i, word in enumerate(words):
+            if word != "engram-memory" or i + 1 >= len(words):
                 continue
-            words = shlex.split(line.split("  #")[0].replace("&", " "), comments=True)
-            for i, word in enumerate(words):
-                if word != "engram-memory" or i + 1 >= len(words):
-                    continue
-                command = words[i + 1:i + 3] if words[i + 1] in ("host", "admin") else words[i + 1:i + 2]
-                name = " ".join(command)
-                if name not in helps:
-                    done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", *command, "--help"],
-                                          env={**offline_env, "COLUMNS": "300"}, capture_output=True, text=True,
-                                          timeout=60)
-                    assert done.returncode == 0, (name, done.stderr)
-                    helps[name] = done.stdout
-                for flag in (w for w in words[i + 1:] if w.startswith("--")):
-                    assert flag.split("=")[0] in helps[name], (name, flag)
+            command = words[i + 1:i + 3] if words[i + 1] in ("host", "admin") else words[i + 1:i + 2]
+            key = " ".join(command)
+            if key not in helps:
+                done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", *command, "--help"],
+                                      env={**offline_env, "COLUMNS": "300"}, capture_output=True, text=True,
+                                      timeout=60)
+                assert done.returncode == 0, (name, key, done.stderr)
+                helps[key] = done.stdout
+            for flag in (w for w in words[i + 1:] if w.startswith("--")):
+                assert flag.split("=")[0] in helps[key], (name, key, flag)
+
+
+def test_links_between_pages_resolve() -> None:
+    """Every relative link and image on the front page and in the guides names a file that exists (and,
+    into a page, a heading it has). `mkdocs build --strict` checks the site the same way in CI."""
+    seen = 0
+    for name in PAGES:
+        prose = without_code(page(name))
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (REPO / name).parent / path if path else REPO / name
+            assert file.is_file(), (name, target)
+            if anchor:
+                headings = re.findall(r"^#+ (.*)$", without_code(file.read_text(encoding="utf-8")), re.M)
+                slugs = {heading_slug(h) for h in headings}
+                assert anchor in slugs, (name, target)
+            seen += 1
+    assert seen >= 20
+
+
+def heading_slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc extension gives a heading (its default slugify)."""
+    text = unicodedata.normalize("NFKD", heading.replace("`", "")).encode("ascii", "ignore").decode("ascii")
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
 
 
 def test_the_eval_sample_named_in_the_readme_is_in_the_clone() -> None:
-    block = next(b for b in blocks("bash") if "eval/sample" in b)
+    block = next(b for b in blocks("bash", "docs/relevance-and-speed.md") if "eval/sample" in b)
     argv = shlex.split(block.strip())
     dataset = REPO / argv[argv.index("--dataset") + 1]
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv", "README.md"):
@@ -156,33 +220,36 @@ def test_the_eval_sample_named_in_the_readme_is_in_the_clone() -> None:
 
 
 def test_the_documented_search_floor_and_fusion_are_the_engine_defaults() -> None:
-    """The README and the search tool's description state the floor and the default fusion the engine uses."""
+    """The guides and the search tool's description state the floor and the default fusion the engine uses."""
     from engram_memory.models.limits import SEMANTIC_FLOOR
     from engram_memory.models.settings import EngineSettings
     from engram_memory.server.tools import DESCRIPTIONS
 
-    assert f"cosine ≥ {SEMANTIC_FLOOR}" in README and "semantic_floor" in DESCRIPTIONS["search"]
+    relevance = page("docs/relevance-and-speed.md")
+    assert f"cosine ≥ {SEMANTIC_FLOOR}" in page("docs/tools.md") and f"cosine ≥ {SEMANTIC_FLOOR}" in relevance
+    assert "semantic_floor" in DESCRIPTIONS["search"]
     lexical, semantic = EngineSettings().fusion_weights
-    assert EngineSettings().fusion == "dbsf" and f"**DBSF, weights {lexical}/{semantic}**" in README
+    assert EngineSettings().fusion == "dbsf" and f"**DBSF, weights {lexical}/{semantic}**" in relevance
 
 
 def test_the_documented_rerank_stage_is_the_engine_default() -> None:
-    """The README and the search description name the stage the engine runs, its head and weights."""
+    """The guides and the search description name the stage the engine runs, its head and weights."""
     from engram_memory.models.limits import RERANK_HEAD, RERANK_WEIGHTS
     from engram_memory.models.settings import EngineSettings
     from engram_memory.server.tools import DESCRIPTIONS
 
     weights = dict(RERANK_WEIGHTS)
     assert EngineSettings().rerank and "fusion.rerank" in DESCRIPTIONS["search"]
-    assert f"top {RERANK_HEAD}" in README
-    assert f"speaker {weights['speaker']:g}, neighbour {weights['neighbour']:g}" in README
+    relevance = page("docs/relevance-and-speed.md")
+    assert f"top {RERANK_HEAD}" in relevance and f"top {RERANK_HEAD}" in page("docs/configuration.md")
+    assert f"speaker {weights['speaker']:g}, neighbour {weights['neighbour']:g}" in relevance
 
 
 def test_readme_python_modules_take_their_flags(offline_env: dict[str, str]) -> None:
-    """Every `python -m engram_memory.<module>` or `python -m studies.<study>` (run from a clone) in the
-    README runs --help and knows the flags it is given."""
+    """Every `python -m engram_memory.<module>` or `python -m studies.<study>` (run from a clone) on the
+    front page or in a guide runs --help and knows the flags it is given."""
     seen = 0
-    for block in blocks("bash"):
+    for block in all_blocks("bash"):
         for line in block.splitlines():
             words = shlex.split(line.split("  #")[0], comments=True)
             runnable = len(words) >= 3 and words[2].startswith(("engram_memory.", "studies."))
