@@ -59,7 +59,7 @@ def first_serve_command() -> list[str]:
 
 def test_the_setup_commands_are_the_two_the_readme_promises() -> None:
     first, second = (b.strip() for b in blocks("bash")[:2])
-    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && engram-memory serve")
+    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install . && engram-memory serve")
     assert second == "bash .ci/run"
     ci = (REPO / ".ci" / "run").read_text()
     assert "pip install -q -e '.[test,eval]'" in ci and "python -m pytest" in ci
@@ -262,3 +262,125 @@ def test_readme_python_modules_take_their_flags(offline_env: dict[str, str]) -> 
                 assert flag.split("=")[0] in done.stdout, (words[2], flag)
             seen += 1
     assert seen >= 3
+
+
+# -- the front page's limits, against the code's constants ---------------------------------------
+
+
+def limits_rows() -> dict[str, tuple[str, str]]:
+    """The front page's "Limits an agent meets" table: what -> (bound, beyond it)."""
+    section = page().split("## Limits an agent meets\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    assert rows[0] == ["what", "bound", "beyond it"], rows[0]
+    return {what: (bound, beyond) for what, bound, beyond in rows[1:]}
+
+
+def numbers(text: str) -> list[int]:
+    return [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", text)]
+
+
+def test_the_front_page_limits_are_the_codes() -> None:
+    """Every bound the front page gives an agent is the constant the code enforces, and every error
+    code it names is the one the catalog answers (and says retriable exactly when the catalog does)."""
+    from engram_memory.models import limits as lim
+    from engram_memory.models.errors import CATALOG, PROTOCOL_CONTEXT_CODE, PROTOCOL_UNKNOWN_TOOL_CODE, ErrorCode
+    from engram_memory.models.tools import INPUT_MODELS
+    from engram_memory.server.config import ServeSettings
+
+    serve = ServeSettings.model_fields
+    expected: dict[str, tuple[list[int], str]] = {
+        "serialized arguments": ([lim.MAX_ARGUMENT_BYTES, lim.MAX_ARGUMENT_BYTES // lim.MIB], "INVALID_SCHEMA"),
+        "`idempotency_key`": ([lim.IDEMPOTENCY_KEY_MIN_BYTES, lim.IDEMPOTENCY_KEY_MAX_BYTES], "INVALID_SCHEMA"),
+        "references": ([1, lim.OPAQUE_MAX_BYTES], "INVALID_SCHEMA"),
+        "search `query`": ([1, lim.QUERY_MAX_BYTES], "INVALID_SCHEMA"),
+        "search `limit`": ([lim.LIMIT_MIN, lim.LIMIT_MAX, lim.LIMIT_DEFAULT], "INVALID_SCHEMA"),
+        "`max_packet_bytes`": ([lim.PACKET_BYTES_MIN, lim.PACKET_BYTES_MAX, lim.PACKET_BYTES_DEFAULT],
+                               "INVALID_SCHEMA"),
+        "one record packet": ([], "PROJECTION_OVERSIZED"),
+        "the whole search result": ([lim.RESULT_BOUND], "RESULT_TOO_LARGE"),
+        "capture `components`": ([1, lim.MAX_COMPONENTS], "INVALID_SCHEMA"),
+        "a component's `text`": ([1, lim.TEXT_MAX_BYTES], "INVALID_SCHEMA"),
+        "capture `citations`": ([1, lim.MAX_CITATIONS], "INVALID_SCHEMA"),
+        "`reconciliation.family_refs`": ([lim.MAX_FAMILY_REFS], "INVALID_SCHEMA"),
+        "evidence `attestation`": ([lim.ATTESTATION_MAX_BYTES], "INVALID_SCHEMA"),
+        "calls per principal": ([int(serve["rate_limit"].default), serve["rate_burst"].default, 0], "RATE_LIMITED"),
+        "the human's confirmation": ([int(serve["confirm_ttl_seconds"].default), lim.CONFIRM_TTL_S], "gate_failed"),
+        "the call after the human approved": ([lim.EXECUTION_WINDOW_S], "gate_failed"),
+        "the same `idempotency_key`": ([], "DIGEST_CONFLICT"),
+        "`purpose_ref` other than": ([], f"JSON-RPC `{PROTOCOL_CONTEXT_CODE}`"),
+        "a tool the host did not grant": ([], f"JSON-RPC `{PROTOCOL_UNKNOWN_TOOL_CODE}`"),
+        "`lexical_and_semantic`": ([], "RANKING_UNAVAILABLE"),
+    }
+    rows = limits_rows()
+    matched: set[str] = set()
+    for what, (bound, beyond) in rows.items():
+        key = next((k for k in expected if what.startswith(k)), None)
+        assert key is not None, f"a limit the test does not know: {what!r}"
+        want_numbers, want_code = expected[key]
+        matched.add(key)
+        assert sorted(set(numbers(bound))) == sorted(set(want_numbers)), (what, bound, want_numbers)
+        if want_code.startswith("JSON-RPC"):
+            assert beyond == want_code, (what, beyond)
+        else:
+            code, _, rest = beyond.partition(", ")
+            assert code == f"`{want_code}`", (what, beyond)
+            assert (rest == "retriable") == CATALOG[ErrorCode(want_code)].retriable, (what, beyond)
+    assert matched == set(expected), set(expected) - matched
+
+    # The references the front page bounds at 1..512 bytes are the fields the schemas bound so.
+    refs = re.findall(r"`(\w+)`", next(w for w in rows if w.startswith("references")))
+    bounded: dict[str, set[int]] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for name, spec in (node.get("properties") or {}).items():
+                if isinstance(spec, dict) and "maxLength" in spec:
+                    bounded.setdefault(name, set()).add(spec["maxLength"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for model in INPUT_MODELS.values():
+        walk(model.model_json_schema())
+    assert refs and all(bounded.get(ref) == {lim.OPAQUE_MAX_BYTES} for ref in refs), {r: bounded.get(r) for r in refs}
+
+
+def test_the_front_page_pins_are_the_projects() -> None:
+    """A package pinned on the front page (`hnswlib==0.8.0`) is pinned so in pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pins = {req.split("==")[0].split("[")[0].lower(): req.split("==")[1]
+            for req in project["dependencies"] if "==" in req}
+    named = re.findall(r"`([A-Za-z0-9_.-]+)==([\w.]+)`", page())
+    assert named, "the front page names no pinned package"
+    for name, version in named:
+        assert pins.get(name.lower()) == version, (name, version, pins.get(name.lower()))
+    assert re.search(r"`" + re.escape(next(p for p in pins if p.startswith("gt-"))) + r"`", page())
+
+
+def test_the_tools_guide_names_every_code_and_its_retry_class() -> None:
+    """docs/tools.md's "What the caller does" table lists every catalog code once, and the retriable
+    row holds exactly the codes the catalog marks retriable."""
+    from engram_memory.models.errors import CATALOG
+
+    section = page("docs/tools.md").split("## What the caller does with each code\n", 1)[1]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
+    listed = [re.findall(r"`([\w]+)`", codes) for codes, _ in rows]
+    flat = [code for codes in listed for code in codes]
+    assert sorted(flat) == sorted(code.value for code in CATALOG), sorted(set(flat) ^ {c.value for c in CATALOG})
+    [retriable] = [codes for (codes, action) in zip(listed, (a for _, a in rows), strict=True)
+                   if action.strip().startswith("retriable")]
+    assert set(retriable) == {code.value for code, spec in CATALOG.items() if spec.retriable} - {
+        "MUTATION_OUTCOME_UNKNOWN"}, retriable
+
+
+def test_the_front_page_secrets_figures_are_the_proofs() -> None:
+    """The front page's unseen-recall range is the lowest and highest first-run recall in the Proofs table."""
+    first_runs = [float(r) for r in re.findall(r"\| \*\*(0\.\d+) / 0\.\d+\*\* \|", page("docs/proofs.md"))]
+    assert len(first_runs) >= 4, first_runs
+    low, high = re.findall(r"it caught (\d+)–(\d+) % of the secrets", page())[0]
+    assert (int(low), int(high)) == (int(min(first_runs) * 100), int(max(first_runs) * 100)), first_runs
