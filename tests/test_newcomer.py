@@ -1,5 +1,6 @@
-"""A newcomer's path, end to end: a clean clone, the README's first command in a fresh venv, then
-a real SDK client doing capture -> admission -> search -> get through the server it started.
+"""A newcomer's path, end to end: a clean clone, the README's first command in a fresh venv (no torch
+comes with it), then a real SDK client doing capture -> admission -> search -> get through the server
+it started, and a hybrid search once the model is ready.
 
 This is the one test that installs: a couple of minutes (pip reuses its wheel cache, so
 hnswlib is compiled once per machine). The install half of the README's command runs as
@@ -8,6 +9,7 @@ written; its server half runs under the SDK's stdio client, which is how a host 
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import socket
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.test_readme import blocks, newcomer_session
+from tests.test_readme import blocks, http_example, newcomer_session
 
 pytestmark = pytest.mark.anyio
 
@@ -39,23 +41,28 @@ async def test_a_newcomer_installs_and_runs_the_lifecycle(tmp_path: Path, offlin
     seconds = time.monotonic() - t0
     venv = clone / ".venv"
     assert (venv / "bin" / "engram-memory").exists()
-    # CPU torch only: no CUDA runtime came along.
-    listed = subprocess.run([str(venv / "bin" / "pip"), "list"], capture_output=True, text=True, check=True)
-    assert "nvidia-" not in listed.stdout, "the install pulled CUDA packages"
+    # The default install has no torch (the README says so): nor transformers, sentence-transformers or CUDA.
+    listed = subprocess.run([str(venv / "bin" / "pip"), "list", "--format=json"], capture_output=True, text=True,
+                            check=True)
+    names = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert not names & {"torch", "transformers", "sentence-transformers"}, sorted(names)
+    assert not [n for n in names if n.startswith("nvidia-")], "the install pulled CUDA packages"
 
     argv = shlex.split(serve.strip())
     assert argv[0] == "engram-memory"
     purpose = argv[argv.index("--purpose-ref") + 1]
     run_env = {**env, "XDG_DATA_HOME": str(tmp_path / "xdg")}
-    await newcomer_session([str(venv / "bin" / "engram-memory"), *argv[1:]], run_env, purpose)
+    # An empty model cache: the first launch builds the model's graph, then search runs hybrid.
+    run_env["ENGRAM_MODEL_CACHE"] = str(tmp_path / "model-cache")
+    await newcomer_session([str(venv / "bin" / "engram-memory"), *argv[1:]], run_env, purpose, hybrid=True)
     assert (tmp_path / "xdg" / "engram-memory" / "engram.duckdb").exists()
     print(f"newcomer install: {seconds:.0f} s")
     http_first_steps(clone, venv / "bin" / "engram-memory", {**run_env, "HOME": str(tmp_path / "home")})
 
 
 def http_first_steps(clone: Path, exe: Path, env: dict[str, str]) -> None:
-    """The README's HTTP keys stay out of the work tree; a busy port is one line and creates nothing."""
-    block = next(b for b in blocks("bash") if "host keygen" in b and "examples/host.py" in b)
+    """The HTTP guide's keys stay out of the work tree; a busy port is one line and creates nothing."""
+    block = http_example()
     keygen = shlex.split(block.strip().splitlines()[0].split("  #")[0])
     home = Path(env["HOME"])
     argv = [str(exe), *(str(home / a[2:]) if a.startswith("~/") else a for a in keygen[1:])]
