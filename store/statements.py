@@ -532,6 +532,8 @@ def _strong_token(token: str, beside_password: bool) -> bool:
     both_cases = any(c.islower() for c in token) and any(c.isupper() for c in token)
     if symbols - _WEAK_SYMBOLS:
         return True
+    if re.match(r"\d+[-.]", token):
+        return False  # a number compound ("2-Point", "24-Yard", "3.5-Liter"), not a passphrase of words
     return beside_password and both_cases and sum(c.islower() for c in token) >= 3
 
 
