@@ -34,6 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
+from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.store.backend import (
     PROJECTED_OPERATIONS,
     Candidate,
@@ -70,6 +71,8 @@ SECRET_REF = "meta:page-cursor-key"  # the page-cursor key's wrapping is bound t
 HEARTBEAT_S = 2.0
 POLL_S = 5.0  # a node re-checks every scope this often, notified or not
 NODE_LIVE_S = 10  # a node whose heartbeat is older is gone: a forget no longer waits for it
+REPLAY_SKEW_S = 60  # how far a node's clock may trail the database's and still find a context claimed
+REPLAY_HOLD_S = CLOCK_LEEWAY_S + REPLAY_SKEW_S  # a jti stays claimed until exp + this (database clock)
 
 
 def fingerprint(master_key: bytes) -> str:
@@ -747,7 +750,14 @@ class PostgresKeyRing:
 
 class PostgresReplay:
     """The signed-context replay cache, shared by every node: a context accepted by one node is
-    refused by all the others until it expires."""
+    refused by all the others for as long as any node could still accept it.
+
+    Every decision is the database's clock's, never this node's (whose clock may run fast or slow):
+    a context past ``exp + CLOCK_LEEWAY_S`` by the database's clock is refused (``verify`` on a slow
+    node would still take it), and a claim is held until ``exp + CLOCK_LEEWAY_S + REPLAY_SKEW_S``, so
+    a node whose clock is behind the database's by up to REPLAY_SKEW_S, still accepting the token,
+    finds it claimed. (Re-claiming at ``exp < now`` let a context be replayed in the 5 s after it
+    expired, and longer on a node whose clock ran fast.)"""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
@@ -755,14 +765,17 @@ class PostgresReplay:
         self._lock = threading.Lock()
 
     def claim(self, kid: str, jti: str, exp: int, now: float) -> bool:
+        # ``now`` (this node's clock) decided ``verify``; the shared decision below ignores it.
         with self._lock:
             self._claims += 1
             sweep = self._claims % 1024 == 0
         if sweep:
-            self._store.one("DELETE FROM replay WHERE exp < %s RETURNING 1", [int(now) - 60])
+            self._store.one("DELETE FROM replay WHERE exp + %s < extract(epoch FROM now()) RETURNING 1",
+                            [REPLAY_HOLD_S])
         row = self._store.one(
-            "INSERT INTO replay VALUES (%s, %s, %s) ON CONFLICT (kid, jti) DO UPDATE SET exp = excluded.exp"
-            " WHERE replay.exp < %s RETURNING 1",
-            [kid, jti, exp, int(now)],
+            "INSERT INTO replay SELECT %s, %s, %s WHERE %s + %s >= extract(epoch FROM now())"
+            " ON CONFLICT (kid, jti) DO UPDATE SET exp = excluded.exp"
+            " WHERE replay.exp + %s < extract(epoch FROM now()) RETURNING 1",
+            [kid, jti, exp, exp, CLOCK_LEEWAY_S, REPLAY_HOLD_S],
         )
         return row is not None

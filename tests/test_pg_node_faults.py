@@ -1,0 +1,123 @@
+"""Several nodes of one PostgreSQL store under faults (issue 38): each finding of the review is a
+test that failed before its fix. Nodes here are real engines, each with its own data dir and its
+own connection pool, heartbeat and watcher, on one real PostgreSQL database (``.ci/pg``); faults
+are injected at the named points (a failed key deletion, a failed acknowledgement, a reader
+holding ``data_keys``, a peer's admission landing mid-backfill, a fast node clock)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from engram_memory.models.hostauth import CLOCK_LEEWAY_S
+from engram_memory.models.settings import EngineSettings
+from engram_memory.store.engine import Engine
+from engram_memory.store.postgres.backend import REPLAY_HOLD_S, PostgresStore, init_store
+from tests.conftest import fresh_database
+from tests.store_fixtures import admission_args, call, capture_args, ctx
+
+SCOPE = ctx().scope_ref
+
+
+class Store:
+    """One initialised PostgreSQL store and the nodes opened on it (closed at the end)."""
+
+    def __init__(self, url: str, root: Path, stack: ExitStack) -> None:
+        self.url, self.root, self.stack = url, root, stack
+        self.key_file = root / "master.key"
+        self.key_file.write_bytes(secrets.token_bytes(32))
+        init_store(url, self.key_file.read_bytes())
+        self.serial = 0
+
+    def settings(self, name: str, semantic: bool = False) -> EngineSettings:
+        return EngineSettings(data_dir=self.root / name, store=self.url, master_key_file=self.key_file,
+                              semantic=semantic)
+
+    def node(self, name: str, semantic: bool = False, *, before_recover: Callable[[Engine], None] | None = None
+             ) -> Engine:
+        """A serving node: Engine.open, or its two steps with ``before_recover`` (a fault planted
+        before the node's background work starts)."""
+        if before_recover is None:
+            engine = Engine.open(self.settings(name, semantic))
+        else:
+            settings = self.settings(name, semantic)
+            db = PostgresStore(self.url, self.key_file.read_bytes(), settings.data_dir, key_file=self.key_file)
+            engine = Engine(settings, db)
+            before_recover(engine)
+            engine.recover()
+        self.stack.callback(engine.close)
+        return engine
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(sql.encode(), params).fetchall()
+
+    def admit(self, engine: Engine, text: str) -> str:
+        self.serial += 1
+        cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{self.serial:06d}"))
+        out = call(engine, "request_admission", ctx(),
+                   admission_args(cap["candidate_id"], key=f"admit-key-{self.serial:08d}"))
+        assert out["outcome"]["status"] == "accepted", out
+        return str(out["outcome"]["record_id"])
+
+
+@pytest.fixture
+def store(pg_url: str, tmp_path: Path) -> Iterator[Store]:
+    with fresh_database(pg_url, "faults") as url, ExitStack() as stack:
+        yield Store(url, tmp_path, stack)
+
+
+def search(engine: Engine, query: str) -> list[str]:
+    out = call(engine, "search", ctx(), {"query": query, "limit": 20,
+                                         "capability_policy": {"minimum_channels": "lexical_only",
+                                                               "network": "forbid"}})
+    return [r["record"]["record_id"] for r in out["records"]]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
+        time.sleep(0.1)
+
+
+def db_now(store: Store) -> int:
+    return int(store.rows("SELECT extract(epoch FROM now())::bigint")[0][0])
+
+
+# ---- 1. a signed context is claimed for as long as any node could accept it ------------------------
+
+
+def test_a_context_stays_claimed_past_its_expiry_by_the_database_clock(store: Store) -> None:
+    """The claim re-opened once the stored exp was below ``now``: the same context was accepted
+    again at exp+1, exp+2, exp+4.9 (verify's leeway), and at once on a node whose clock ran fast."""
+    a = PostgresStore(store.url, store.key_file.read_bytes(), store.root / "a", key_file=store.key_file)
+    b = PostgresStore(store.url, store.key_file.read_bytes(), store.root / "b", key_file=store.key_file)
+    store.stack.callback(a.close)
+    store.stack.callback(b.close)
+    on_a, on_b = a.replay_guard(), b.replay_guard()
+    now = db_now(store)
+    exp = now - 1  # expired a second ago: verify (leeway 5 s) still accepts it
+    assert on_a.claim("host-a", "jti-1", exp, now)
+    for late in (exp + 1, exp + 2, exp + 4.9):
+        assert not on_b.claim("host-a", "jti-1", exp, late)
+        assert not on_a.claim("host-a", "jti-1", exp, late)
+    # A node whose clock runs an hour fast decides nothing: the database's clock does.
+    assert not on_b.claim("host-a", "jti-1", exp, now + 3600)
+    # A node whose clock runs slow would accept a context long expired: the database refuses it.
+    assert not on_b.claim("host-a", "jti-2", now - CLOCK_LEEWAY_S - 2, now - 600)
+    # A fresh context is claimed once, whatever the node's clock says.
+    assert on_b.claim("host-a", "jti-3", now + 60, now - 600)
+    assert not on_a.claim("host-a", "jti-3", now + 60, now + 600)
+    # The row is kept until exp + leeway + the skew margin, by the database's clock, and only then
+    # may the id be claimed again (no node accepts it by then).
+    store.rows("UPDATE replay SET exp = %s WHERE jti = 'jti-1' RETURNING 1", (now - REPLAY_HOLD_S + 1,))
+    assert not on_a.claim("host-a", "jti-1", now - REPLAY_HOLD_S + 1, now + 3600)
+    assert store.rows("SELECT count(*) FROM replay WHERE jti = 'jti-1'") == [(1,)]
