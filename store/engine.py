@@ -448,10 +448,11 @@ class Engine:
         elif scope_ref in self._stale:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
-        if scope_ref in self._pending and self.lifecycle.retry_keys() \
+        if scope_ref in self._pending and self.lifecycle.retry_keys() and self.lifecycle.destroy_owed(scope_ref) \
                 and self.db.unacknowledged(scope_ref, self.db.projection_cursor(scope_ref)) == 0:
-            # No key left to destroy and the projections hold only current records (rebuilt, or
-            # purged by the forget itself): every pending answer of the scope is now true.
+            # No key left to destroy (this node's, and those the answers owe, whichever node
+            # left them) and the projections hold only current records (rebuilt, or purged by the
+            # forget itself): every pending answer of the scope is now true.
             done = self.lifecycle.complete_pending(scope_ref, _coverage(self.db.projection_cursor(scope_ref)))
             self._pending.discard(scope_ref)
             log.info("completed %d pending withdraw/forget answer(s)", done)
@@ -747,7 +748,8 @@ class Engine:
         with self._rw.write():
             if self._closed:
                 return value  # pending: completed after the next start (recover)
-            if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
+            if not self.lifecycle.retry_keys() or not self.lifecycle.destroy_owed(ctx.scope_ref) \
+                    or self.db.unacknowledged(ctx.scope_ref, cursor):
                 self._pending.add(ctx.scope_ref)
                 return value
             key = plain["idempotency_key"]

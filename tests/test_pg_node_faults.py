@@ -20,8 +20,8 @@ from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
 from engram_memory.store.postgres.backend import REPLAY_HOLD_S, PostgresStore, init_store
-from tests.conftest import fresh_database
-from tests.store_fixtures import admission_args, call, capture_args, ctx
+from tests.conftest import fresh_database, search_args
+from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args, withdraw_args
 
 SCOPE = ctx().scope_ref
 
@@ -75,9 +75,7 @@ def store(pg_url: str, tmp_path: Path) -> Iterator[Store]:
 
 
 def search(engine: Engine, query: str) -> list[str]:
-    out = call(engine, "search", ctx(), {"query": query, "limit": 20,
-                                         "capability_policy": {"minimum_channels": "lexical_only",
-                                                               "network": "forbid"}})
+    out = call(engine, "search", ctx(), search_args(query, limit=20))
     return [r["record"]["record_id"] for r in out["records"]]
 
 
@@ -121,3 +119,45 @@ def test_a_context_stays_claimed_past_its_expiry_by_the_database_clock(store: St
     store.rows("UPDATE replay SET exp = %s WHERE jti = 'jti-1' RETURNING 1", (now - REPLAY_HOLD_S + 1,))
     assert not on_a.claim("host-a", "jti-1", now - REPLAY_HOLD_S + 1, now + 3600)
     assert store.rows("SELECT count(*) FROM replay WHERE jti = 'jti-1'") == [(1,)]
+
+
+# ---- 2. "complete" means the data key's row is gone, whichever node left it ----------------------
+
+
+@pytest.mark.parametrize("tool", ["forget", "withdraw"])
+def test_a_pending_answer_completes_only_once_its_key_row_is_gone(store: Store, tool: str) -> None:
+    """A commits the forget (or withdraw), then its key deletion fails and A dies: A answered
+    "pending". B completed every pending answer of the scope as soon as its own retry list was
+    empty, so a retry on B answered "complete" with the key's data_keys row still there."""
+    a, b = store.node("a"), store.node("b")
+    if tool == "forget":
+        target = store.admit(a, "The marsh harrier quarters the reed bed at dawn.")
+        key_ref = store.rows("SELECT key_ref FROM records WHERE record_id = %s", (target,))[0][0]
+        args = forget_args(target, key="forget-owed-000001")
+        state = "projection_invalidation"
+    else:
+        cap = call(a, "capture", ctx(), capture_args("The marsh harrier nests low.", key="capture-owed-0001"))
+        target = cap["candidate_id"]
+        key_ref = store.rows("SELECT key_ref FROM candidates WHERE candidate_id = %s", (target,))[0][0]
+        args = withdraw_args(target, key="withdraw-owed-0001")
+        state = "key_destruction"
+    assert search(b, "harrier") == ([target] if tool == "forget" else [])
+    a.keys.destroy = lambda ref: False  # type: ignore[method-assign]  # the DELETE fails on A
+    first = call(a, tool, ctx(), args)
+    assert first[state] == "pending"
+    a.lifecycle.pending_keys.clear()  # A dies with its retry list
+    a.close()
+
+    def key_row() -> bool:
+        return bool(store.rows("SELECT 1 FROM data_keys WHERE key_ref = %s", (key_ref,)))
+
+    assert key_row()
+    answers = [call(b, tool, ctx(), args)]
+    search(b, "harrier")  # B's next use of the scope completes what it can
+    answers.append(call(b, tool, ctx(), args))
+    for answer in answers:
+        assert answer["receipt"] == first["receipt"] and answer["replayed"] is True
+    # B destroyed the key A left, and only then answered "complete".
+    assert answers[-1][state] == "complete"
+    assert not key_row()
+    assert store.rows("SELECT value FROM idempotency WHERE key_ref = %s", (key_ref,))[0][0].count('"complete"') == 1

@@ -219,6 +219,9 @@ class Database:
     def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
         _ledger_update(self.con, scope_ref, principal, key_digest, value)
 
+    def owed_keys(self, scope_ref: str) -> list[str]:
+        return []  # one process: its own Lifecycle.pending_keys (and the start-up sweep) hold them
+
     def pending_answers(self, scope_ref: str | None = None) -> list[PendingAnswer]:
         # The stored values are JCS text, so a pending answer holds exactly this substring.
         sql = ("SELECT scope_ref, tool, principal, key_digest, value FROM idempotency"
@@ -504,7 +507,9 @@ class DuckDBUnitOfWork:
         return self._db.tombstoned(scope_ref, payload_digest)
 
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
-                     value: str, created_at: str) -> None:
+                     value: str, created_at: str, key_ref: str | None = None) -> None:
+        # ``key_ref`` is for a shared store's other nodes: this one process retries its own keys
+        # (Lifecycle.pending_keys) and sweeps what a crash left at its next start.
         self._con.execute(
             "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
             [scope_ref, principal, key_digest, tool, intent_hash, value, created_at],

@@ -325,6 +325,15 @@ class PostgresStore:
         rows = self.all(sql + " ORDER BY 1, 3, 4", params)
         return [PendingAnswer(s, t, p, k, json.loads(v)) for s, t, p, k, v in rows]
 
+    def owed_keys(self, scope_ref: str) -> list[str]:
+        """The data keys the scope's pending withdraw/forget answers still owe: recorded with each
+        answer, their rows still present (a node died, or its delete failed, after the commit)."""
+        return [r[0] for r in self.all(
+            "SELECT DISTINCT i.key_ref FROM idempotency i JOIN data_keys d USING (key_ref)"
+            " WHERE i.scope_ref = %s AND (strpos(i.value, '\"key_destruction\":\"pending\"') > 0"
+            " OR strpos(i.value, '\"projection_invalidation\":\"pending\"') > 0) ORDER BY 1",
+            [scope_ref])]
+
     # -- lifecycle state -----------------------------------------------------------------
 
     def candidate(self, candidate_id: str, scope_ref: str | None) -> Candidate | None:
@@ -505,11 +514,13 @@ def _ledger_lookup(conn: psycopg.Connection, scope_ref: str, principal: str, key
 
 def _ledger_update(conn: psycopg.Connection, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
     # Only a "pending" answer is ever upgraded, once: when two nodes complete it at the same time (with
-    # coverage digests of different cursors), the first completion is the answer for good.
+    # coverage digests of different cursors), the first completion is the answer for good. And never
+    # while the data key it owes still has its row, whichever node left the row behind.
     conn.execute(
         "UPDATE idempotency SET value = %s WHERE scope_ref = %s AND principal = %s AND key_digest = %s"
         " AND (strpos(value, '\"key_destruction\":\"pending\"') > 0"
-        " OR strpos(value, '\"projection_invalidation\":\"pending\"') > 0)",
+        " OR strpos(value, '\"projection_invalidation\":\"pending\"') > 0)"
+        " AND (key_ref IS NULL OR NOT EXISTS (SELECT 1 FROM data_keys d WHERE d.key_ref = idempotency.key_ref))",
         [value, scope_ref, principal, key_digest],
     )
 
@@ -623,10 +634,11 @@ class PostgresUnitOfWork:
         return _due_expiries(self._lock(scope_ref), scope_ref, states, now_ms)
 
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
-                     value: str, created_at: str) -> None:
+                     value: str, created_at: str, key_ref: str | None = None) -> None:
         self._lock(scope_ref).execute(
-            "INSERT INTO idempotency VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            [scope_ref, principal, key_digest, tool, intent_hash, value, created_at],
+            "INSERT INTO idempotency (scope_ref, principal, key_digest, tool, intent_hash, value, created_at,"
+            " key_ref) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [scope_ref, principal, key_digest, tool, intent_hash, value, created_at, key_ref],
         )
 
     def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
