@@ -52,7 +52,7 @@ from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
-from engram_memory.store.backend import JournalChange, Store, StoreBusyError
+from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
 from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
@@ -113,6 +113,9 @@ class Engine:
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self._stale: set[str] = set()  # scopes whose projections must be rebuilt before use
         self._pending: set[str] = set()  # scopes with a withdraw/forget answer still "pending"
+        # Shared store: the cursor this node last acknowledged per scope (node_cursors), so an
+        # acknowledgement that failed (or a kill before it) is made again, never left behind.
+        self._acked: dict[str, int] = {}
         self._closed = False
         # Admissions' projection updates, grouped (store/projector.py); a shared store's nodes
         # project from the journal instead (Engine._sync).
@@ -256,11 +259,14 @@ class Engine:
             # read, and the next sync re-applies what came after it (upserts and deletes are
             # idempotent).
             cursor = self.db.projection_cursor(scope_ref)
+            # Before building: until it is done, a forget committed from here on waits for this node
+            # (a node with no node_cursors row of the scope was not waited for at all).
+            self._acknowledge(scope_ref, min(cursor, self._applied(scope_ref)), strict=True)
             records = self.live_records(scope_ref)
             docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
             self.projections.rebuild(scope_ref, docs, self.stored_vectors(scope_ref), cursor)
             self._views.drop(scope_ref)
-            self.db.acknowledge(scope_ref, cursor)
+            self._acknowledge(scope_ref, cursor)
 
     # -- semantic channel ----------------------------------------------------------------
 
@@ -602,7 +608,13 @@ class Engine:
         target = self.db.projection_cursor(scope_ref)
         applied = self._applied(scope_ref)
         if applied == target and scope_ref not in self._stale:
+            if self._acked.get(scope_ref) != target:
+                self._acknowledge(scope_ref, target)  # the last acknowledgement failed, or none yet
             return
+        if scope_ref not in self._acked:
+            # This node's first sync of the scope (since it started): its row says how far it is
+            # before it catches up, so a forget committed meanwhile waits for it.
+            self._acknowledge(scope_ref, min(applied, target), strict=True)
         if scope_ref in self._stale or applied > target or target - applied > CATCH_UP_EVENTS:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
@@ -616,7 +628,22 @@ class Engine:
         view = self._views.get(scope_ref)
         if view is not None and view.projection_cursor != target:
             self._views.drop(scope_ref)
-        self.db.acknowledge(scope_ref, target)
+        self._acknowledge(scope_ref, target)
+
+    def _acknowledge(self, scope_ref: str, cursor: int, *, strict: bool = False) -> None:
+        """Record in the store how far this node's projections of the scope reflect its journal.
+        A failure is retried by the next sync of the scope (a read, or the watcher's poll) rather
+        than failing the read whose projections are level; ``strict``: a row that must exist
+        before the work it guards, so its failure stops that work."""
+        try:
+            self.db.acknowledge(scope_ref, cursor)
+        except Exception as exc:
+            self._acked.pop(scope_ref, None)
+            if strict or not is_store_error(exc):
+                raise
+            log.warning("acknowledging scope %s at cursor %d failed; retried at its next sync", scope_ref, cursor)
+            return
+        self._acked[scope_ref] = cursor
 
     def _project(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> list[dict[str, Any]]:
         """Drop records that left the current state from the scope's view and projections and
@@ -694,7 +721,8 @@ class Engine:
             return
         try:
             target = self.db.projection_cursor(scope_ref)
-            if self._applied(scope_ref) == target and scope_ref not in self._pending:
+            if self._applied(scope_ref) == target and scope_ref not in self._pending \
+                    and self._acked.get(scope_ref) == target:
                 return
             self._await_vectors(scope_ref, target)
             with self._rw.write():

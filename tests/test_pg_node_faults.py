@@ -19,7 +19,7 @@ import pytest
 from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
-from engram_memory.store.postgres.backend import REPLAY_HOLD_S, PostgresStore, init_store
+from engram_memory.store.postgres.backend import POLL_S, REPLAY_HOLD_S, PostgresStore, init_store
 from tests.conftest import fresh_database, search_args
 from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args, withdraw_args
 
@@ -161,3 +161,37 @@ def test_a_pending_answer_completes_only_once_its_key_row_is_gone(store: Store, 
     assert answers[-1][state] == "complete"
     assert not key_row()
     assert store.rows("SELECT value FROM idempotency WHERE key_ref = %s", (key_ref,))[0][0].count('"complete"') == 1
+
+
+# ---- 3. a failed acknowledgement is made again ------------------------------------------------------
+
+
+def test_a_failed_acknowledgement_does_not_leave_a_forget_pending_for_good(store: Store) -> None:
+    """B purges A's forget, then its acknowledgement fails once (a dropped connection). _sync
+    returned early whenever B's projections were level, so B never acknowledged again and A's
+    answer stayed "pending" however long one waited."""
+    a, b = store.node("a"), store.node("b")
+    target = store.admit(a, "The spoonbill feeds in the tidal lagoon.")
+    assert search(b, "spoonbill") == [target]
+    real = b.db.acknowledge
+    failures: list[int] = []
+
+    def flaky(scope_ref: str, cursor: int) -> None:
+        if not failures:
+            failures.append(cursor)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        real(scope_ref, cursor)
+
+    b.db.acknowledge = flaky  # type: ignore[method-assign]
+    args = forget_args(target, key="forget-ack-0000001")
+    first = call(a, "forget", ctx(), args)
+    assert failures, "B's acknowledgement was never attempted"
+    assert first["projection_invalidation"] == "pending"
+    assert search(b, "spoonbill") == []  # B purged it: only its acknowledgement failed
+
+    def completed() -> bool:
+        return bool(call(a, "forget", ctx(), args)["projection_invalidation"] == "complete")
+
+    wait_for(completed, 3 * POLL_S, "the forget completes once B acknowledged again")
+    assert store.rows("SELECT min(cursor) FROM node_cursors WHERE scope_ref = %s", (SCOPE,)) \
+        == store.rows("SELECT projection_cursor FROM scopes WHERE scope_ref = %s", (SCOPE,))
