@@ -195,3 +195,29 @@ def test_a_failed_acknowledgement_does_not_leave_a_forget_pending_for_good(store
     wait_for(completed, 3 * POLL_S, "the forget completes once B acknowledged again")
     assert store.rows("SELECT min(cursor) FROM node_cursors WHERE scope_ref = %s", (SCOPE,)) \
         == store.rows("SELECT projection_cursor FROM scopes WHERE scope_ref = %s", (SCOPE,))
+
+
+# ---- 6. a node in its first sync of a scope is waited for ------------------------------------------
+
+
+def test_a_forget_waits_for_a_node_in_the_middle_of_its_first_sync(store: Store) -> None:
+    """B catches up on a scope for the first time: it has no node_cursors row until it finishes,
+    so a forget A commits meanwhile counted nobody behind and answered "complete" at once, while
+    B went on to index the record it forgot."""
+    a = store.node("a")
+    target = store.admit(a, "The bearded tit pings from the reeds.")
+    b = store.node("b")
+    real = b._project
+    answers: list[dict[str, Any]] = []
+
+    def forget_meanwhile(scope_ref: str, gone: list[str], back: list[str], cursor: int) -> list[dict[str, Any]]:
+        if not answers:  # B has read the journal's cursor and is about to apply what came before it
+            answers.append(call(a, "forget", ctx(), forget_args(target, key="forget-first-00001")))
+        return real(scope_ref, gone, back, cursor)
+
+    b._project = forget_meanwhile  # type: ignore[method-assign]
+    search(b, "bearded tit")
+    assert answers and answers[0]["projection_invalidation"] == "pending"
+    assert search(b, "bearded tit") == []  # B's next read applies the forget
+    wait_for(lambda: call(a, "forget", ctx(), forget_args(target, key="forget-first-00001"))
+             ["projection_invalidation"] == "complete", 3 * POLL_S, "the forget completes once B is level")
