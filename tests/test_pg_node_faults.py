@@ -7,6 +7,7 @@ holding ``data_keys``, a peer's admission landing mid-backfill, a fast node cloc
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -19,7 +20,14 @@ import pytest
 from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
-from engram_memory.store.postgres.backend import POLL_S, REPLAY_HOLD_S, PostgresStore, init_store
+from engram_memory.store.postgres.backend import (
+    HEARTBEAT_S,
+    POLL_S,
+    REPLAY_HOLD_S,
+    VACUUM_RETRY_S,
+    PostgresStore,
+    init_store,
+)
 from tests.conftest import fresh_database, search_args
 from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args, withdraw_args
 
@@ -221,3 +229,42 @@ def test_a_forget_waits_for_a_node_in_the_middle_of_its_first_sync(store: Store)
     assert search(b, "bearded tit") == []  # B's next read applies the forget
     wait_for(lambda: call(a, "forget", ctx(), forget_args(target, key="forget-first-00001"))
              ["projection_invalidation"] == "complete", 3 * POLL_S, "the forget completes once B is level")
+
+
+# ---- 4. a backup's long read of data_keys stalls neither heartbeats nor key loads ------------------
+
+
+def test_a_repeatable_read_reader_of_data_keys_stalls_no_heartbeat_and_no_key_load(store: Store) -> None:
+    """VACUUM FULL data_keys ran on the heartbeat thread with no lock timeout: behind a pg_dump-like
+    REPEATABLE READ transaction it blocked there (the node stopped heartbeating and was declared
+    dead) and every key load queued behind its exclusive lock."""
+    a = store.node("a")
+    kept = store.admit(a, "The water rail squeals from the ditch.")
+    target = store.admit(a, "The cetti's warbler bursts into song.")
+    kept_key = store.rows("SELECT key_ref FROM records WHERE record_id = %s", (kept,))[0][0]
+    filenode = store.rows("SELECT pg_relation_filenode('data_keys')")[0][0]
+    reader = psycopg.connect(store.url)
+    try:
+        reader.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute(b"SELECT count(*) FROM data_keys").fetchone()  # holds its lock to the end
+        call(a, "forget", ctx(), forget_args(target, key="forget-vacuum-0001"))  # a key destroyed
+        time.sleep(2 * HEARTBEAT_S + 1)  # the vacuum has tried (and given up) by now
+        loads: list[float] = []
+
+        def load() -> None:
+            started = time.monotonic()
+            assert a.keys.load(kept_key) is not None
+            loads.append(time.monotonic() - started)
+
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        loader.join(5)
+        assert loads and loads[0] < 1.0, f"a key load waited {loads or 'more than 5 s'}"
+        age = store.rows("SELECT extract(epoch FROM now() - heartbeat_at) FROM nodes WHERE node_id = %s",
+                         (a.db.node_id,))[0][0]  # type: ignore[attr-defined]
+        assert float(age) < 2 * HEARTBEAT_S + 1, f"the heartbeat is {age} s old"
+    finally:
+        reader.close()
+    # The reader gone, the vacuum runs on its next try: the table's file is rewritten.
+    wait_for(lambda: store.rows("SELECT pg_relation_filenode('data_keys')")[0][0] != filenode,
+             3 * VACUUM_RETRY_S, "data_keys is vacuumed once the reader ends")

@@ -71,6 +71,8 @@ SECRET_REF = "meta:page-cursor-key"  # the page-cursor key's wrapping is bound t
 HEARTBEAT_S = 2.0
 POLL_S = 5.0  # a node re-checks every scope this often, notified or not
 NODE_LIVE_S = 10  # a node whose heartbeat is older is gone: a forget no longer waits for it
+VACUUM_LOCK_TIMEOUT = "200ms"  # the longest a key load may queue behind the key table's vacuum
+VACUUM_RETRY_S = 5.0  # a vacuum that did not get its lock runs again this much later
 REPLAY_SKEW_S = 60  # how far a node's clock may trail the database's and still find a context claimed
 REPLAY_HOLD_S = CLOCK_LEEWAY_S + REPLAY_SKEW_S  # a jti stays claimed until exp + this (database clock)
 
@@ -158,11 +160,13 @@ class PostgresStore:
         _bind_node_dir(data_dir, self.store_id())
         self._url = url
         self._stop = threading.Event()
-        self.keys_destroyed = threading.Event()  # set by the key ring; the heartbeat then vacuums
+        self.keys_destroyed = threading.Event()  # set by the key ring; the vacuum thread then runs
         self._watcher: threading.Thread | None = None
         self._beat()
         self._heart = threading.Thread(target=self._heartbeat, name="engram-heartbeat", daemon=True)
         self._heart.start()
+        self._vacuum = threading.Thread(target=self._vacuum_loop, name="engram-vacuum-keys", daemon=True)
+        self._vacuum.start()
 
     def watch(self, on_change: Callable[[str], None]) -> None:
         """Call ``on_change(scope_ref)`` from a background thread whenever another node moves a
@@ -195,6 +199,7 @@ class PostgresStore:
             return  # closed already
         self._stop.set()
         self._heart.join()
+        self._vacuum.join()
         if self._watcher is not None:
             self._watcher.join()
         try:
@@ -216,21 +221,40 @@ class PostgresStore:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self._beat()
-                if self.keys_destroyed.is_set():
-                    self.keys_destroyed.clear()
-                    self.vacuum_keys()
             except Exception:  # noqa: BLE001 - the store is unreachable: reads fail on their own; keep trying
                 log.warning("heartbeat to the PostgreSQL store failed")
 
     # -- bounding what a deleted key leaves behind (SECURITY.md) ---------------------------
 
+    def _vacuum_loop(self) -> None:
+        """After key destructions, on a thread of its own (never the heartbeat's): vacuum
+        ``data_keys``; when its lock is not granted at once, retry VACUUM_RETRY_S later."""
+        while not self._stop.is_set():
+            if not self.keys_destroyed.wait(0.25):  # short: close() joins this thread
+                continue
+            self.keys_destroyed.clear()
+            try:
+                self.vacuum_keys()
+            except Exception:  # noqa: BLE001 - a reader holds the table (a backup) or the store is away
+                log.info("vacuuming data_keys did not get its lock; retried in %.0f s", VACUUM_RETRY_S)
+                if not self._stop.wait(VACUUM_RETRY_S):
+                    self.keys_destroyed.set()
+
     def vacuum_keys(self) -> None:
         """Rewrite ``data_keys`` without its dead rows. A deleted row stays in the table's file as a
         dead tuple, and a plain VACUUM only marks its space free (the bytes stay until reused);
         VACUUM FULL writes a new file holding the live rows only. The table is small (one ~60-byte
-        row per live candidate or record), so its brief exclusive lock costs milliseconds."""
+        row per live candidate or record), so its brief exclusive lock costs milliseconds.
+
+        It waits at most VACUUM_LOCK_TIMEOUT for that lock, then raises: while it waits, every
+        reader of ``data_keys`` (each key load) queues behind it, and a long transaction that read
+        the table (pg_dump's REPEATABLE READ) would otherwise stall the whole cluster."""
         with self.pool.connection() as conn:  # autocommit: VACUUM cannot run inside a transaction
-            conn.execute("VACUUM FULL data_keys")
+            conn.execute(f"SET lock_timeout = '{VACUUM_LOCK_TIMEOUT}'")
+            try:
+                conn.execute("VACUUM FULL data_keys")
+            finally:
+                conn.execute("RESET lock_timeout")
 
     def key_ring(self) -> KeyRing:
         return PostgresKeyRing(self)
