@@ -340,6 +340,11 @@ class Engine:
                         return
                     todo = self._missing_embeddings(self.BACKFILL_CHUNK)
                     if todo is None:
+                        # A sync while the channel was not ready (another node's admission, whose
+                        # vector that node stored: nothing was missing here) indexed it lexically
+                        # only: every stored vector the index lacks goes in before it is ready.
+                        for scope_ref in self.scopes():
+                            self._repair_vectors(scope_ref)
                         self._semantic_done.set()  # under the lock: no admission slips in between
                         return
                 scope_ref, records = todo

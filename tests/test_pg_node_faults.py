@@ -268,3 +268,33 @@ def test_a_repeatable_read_reader_of_data_keys_stalls_no_heartbeat_and_no_key_lo
     # The reader gone, the vacuum runs on its next try: the table's file is rewritten.
     wait_for(lambda: store.rows("SELECT pg_relation_filenode('data_keys')")[0][0] != filenode,
              3 * VACUUM_RETRY_S, "data_keys is vacuumed once the reader ends")
+
+
+# ---- 5. a peer's admission synced during the backfill gets its vector indexed ----------------------
+
+
+def test_a_peer_admission_synced_during_the_backfill_is_in_the_vector_index(store: Store) -> None:
+    """Between B's vector repair and its semantic channel's readiness, a sync indexed A's
+    admission in Tantivy only; A had stored its vector, so B's backfill (which embeds what has no
+    stored vector) never added it: B's hybrid answers lacked it until a restart."""
+    a = store.node("a", semantic=True)
+    assert a.wait_semantic(300)
+    first = store.admit(a, "The osprey platform by the reservoir has a new pair.")
+    synced: list[str] = []
+
+    def plant(b: Engine) -> None:
+        real = b._missing_embeddings
+
+        def peer_admits_meanwhile(limit: int) -> Any:
+            if not synced:  # B's loader, under B's lock, past its vector repair
+                synced.append(store.admit(a, "A hobby hunts dragonflies over the heath."))
+                b._sync(SCOPE)  # what B's watcher or a read does meanwhile
+            return real(limit)
+
+        b._missing_embeddings = peer_admits_meanwhile  # type: ignore[method-assign]
+
+    b = store.node("b", semantic=True, before_recover=plant)
+    assert b.wait_semantic(300) and synced
+    index = b.projections.vectors(SCOPE)
+    assert [rid for rid in (first, synced[0]) if not index.contains(rid)] == []
+    assert store.rows("SELECT count(*) FROM embeddings")[0][0] == 2  # indexed from A's vectors, not embedded again
