@@ -288,7 +288,7 @@ class Engine:
         kept_ids, kept_rows = [], []
         rows: list[tuple[str, str | None, str, bytes]] = []
         with self.db.transaction() as uow:
-            for rid, key_ref in uow.live_keys(list(by_id), CURRENT.value):
+            for rid, key_ref in uow.live_keys(scope_ref, list(by_id), CURRENT.value):
                 dek = self.keys.load(key_ref)
                 if dek is None:
                     continue

@@ -298,3 +298,26 @@ def test_a_peer_admission_synced_during_the_backfill_is_in_the_vector_index(stor
     index = b.projections.vectors(SCOPE)
     assert [rid for rid in (first, synced[0]) if not index.contains(rid)] == []
     assert store.rows("SELECT count(*) FROM embeddings")[0][0] == 2  # indexed from A's vectors, not embedded again
+
+
+# ---- 7. an embedding is never stored for a record forgotten meanwhile -----------------------------
+
+
+def test_a_forget_committed_during_an_embedding_write_leaves_no_embedding(store: Store) -> None:
+    """_embed_and_store read the records' keys and inserted their embeddings in a transaction that
+    did not take the scope's lock: a forget committed in between, and the insert left an
+    embeddings row for the tombstoned record. The same transaction, driven step by step here."""
+    a = store.node("a")
+    target = store.admit(a, "The short-eared owl hunts the rough grassland.")
+    forgot: list[dict[str, Any]] = []
+    forgetting = threading.Thread(
+        target=lambda: forgot.append(call(a, "forget", ctx(), forget_args(target, key="forget-embed-00001"))),
+        daemon=True)
+    with a.db.transaction() as uow:
+        assert [rid for rid, _ in uow.live_keys(SCOPE, [target], "accepted_current")] == [target]
+        forgetting.start()
+        forgetting.join(1.5)  # the forget commits now unless this transaction holds the scope's lock
+        uow.insert_embeddings([(target, "sha256:" + "0" * 64, SCOPE, b"sealed-vector")])
+    forgetting.join(30)
+    assert forgot and forgot[0]["receipt"]["to_state"] == "tombstoned"
+    assert store.rows("SELECT count(*) FROM embeddings WHERE record_id = %s", (target,)) == [(0,)]

@@ -562,13 +562,13 @@ class DuckDBUnitOfWork:
         self._con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)",
                           [scope_ref, payload_digest, record_id, cursor])
 
-    def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
+    def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
         """(record_id, key_ref) of those records still current with a key, in record_id order."""
         # Two statements per chunk, not two per record: DuckDB costs ~1 ms a statement.
         return [(rid, key_ref) for rid, key_ref in self._con.execute(
             "SELECT record_id, key_ref FROM records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))"
-            " AND state = ? AND key_ref IS NOT NULL ORDER BY record_id",
-            [list(record_ids), state],
+            " AND scope_ref = ? AND state = ? AND key_ref IS NOT NULL ORDER BY record_id",
+            [list(record_ids), scope_ref, state],
         ).fetchall()]
 
     def due_expiries(self, scope_ref: str, states: Sequence[str], now_ms: int) -> list[DueExpiry]:

@@ -712,11 +712,14 @@ class PostgresUnitOfWork:
         self._lock(scope_ref).execute("INSERT INTO tombstoned_payloads VALUES (%s, %s, %s, %s)",
                                       [scope_ref, payload_digest, record_id, cursor])
 
-    def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
-        return [(rid, key_ref) for rid, key_ref in self._conn.execute(
-            "SELECT record_id, key_ref FROM records WHERE record_id = ANY(%s) AND state = %s"
+    def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
+        # Under the scope's lock: a forget of one of them waits for this transaction's embeddings,
+        # then deletes them with the record's key (read without it, the forget could commit in
+        # between and the insert leave an embeddings row for a tombstoned record).
+        return [(rid, key_ref) for rid, key_ref in self._lock(scope_ref).execute(
+            "SELECT record_id, key_ref FROM records WHERE record_id = ANY(%s) AND scope_ref = %s AND state = %s"
             " AND key_ref IS NOT NULL ORDER BY record_id",
-            [list(record_ids), state],
+            [list(record_ids), scope_ref, state],
         ).fetchall()]
 
     def insert_embeddings(self, rows: Sequence[tuple[str, str | None, str, bytes]]) -> None:
