@@ -93,7 +93,7 @@ class Engine:
         config = self.config = settings
         self.db = db
         self.audit = AuditWriter(db)
-        self.clock = clock or default_clock()
+        self.clock = clock or default_clock(db.clock)
         self.keys = db.key_ring()
         self.policy = config.host_policy()
         self.lifecycle = Lifecycle(db, self.keys, self.policy)

@@ -28,6 +28,7 @@ from engram_memory.store.postgres.backend import (
     PostgresStore,
     init_store,
 )
+from engram_memory.store.timeutil import to_instant
 from tests.conftest import fresh_database, search_args
 from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args, withdraw_args
 
@@ -321,3 +322,31 @@ def test_a_forget_committed_during_an_embedding_write_leaves_no_embedding(store:
     forgetting.join(30)
     assert forgot and forgot[0]["receipt"]["to_state"] == "tombstoned"
     assert store.rows("SELECT count(*) FROM embeddings WHERE record_id = %s", (target,)) == [(0,)]
+
+
+# ---- 8. the database's clock decides what must agree across nodes ---------------------------------
+
+
+def test_a_node_whose_clock_runs_fast_expires_nothing_early(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expiry used each node's wall clock while heartbeats used the database's: one node running
+    an hour fast expired a record due in ten minutes, for every node (the expire event is shared)."""
+    a = store.node("a")
+    due = db_now(store) * 1000 + 600_000
+    cap = call(a, "capture", ctx(), capture_args("The wheatear passes through in April.", key="capture-clock-0001",
+                                                 retention={"derivative_rule": "make-ineligible",
+                                                            "expires_at": to_instant(due)}))
+    out = call(a, "request_admission", ctx(), admission_args(cap["candidate_id"], key="admit-clock-00001"))
+    target = out["outcome"]["record_id"]
+    a.close()
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 3_600 * 10**9)  # this process's clock: an hour fast
+    fast = store.node("fast")
+    assert search(fast, "wheatear") == [target]
+    assert store.rows("SELECT count(*) FROM journal WHERE operation = 'expire'") == [(0,)]
+    assert abs(fast.clock() - db_now(store) * 1000) < 5_000  # the database's clock, not the node's
+    # What is due by the database's clock does expire.
+    store.rows("UPDATE records SET expires_at_ms = %s WHERE record_id = %s RETURNING 1",
+               (db_now(store) * 1000 - 1_000, target))
+    fast._views.clear()
+    assert search(fast, "wheatear") == []
+    assert store.rows("SELECT count(*) FROM journal WHERE operation = 'expire'") == [(1,)]

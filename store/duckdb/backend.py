@@ -373,6 +373,9 @@ class Database:
     def watch(self, on_change: Callable[[str], None]) -> None:
         pass  # nobody else writes this store
 
+    def clock(self) -> int | None:
+        return None  # one process: its wall clock is the only one
+
     def acknowledge(self, scope_ref: str, cursor: int) -> None:
         pass  # one process: its projections are the only ones
 

@@ -162,6 +162,7 @@ class PostgresStore:
         self._stop = threading.Event()
         self.keys_destroyed = threading.Event()  # set by the key ring; the vacuum thread then runs
         self._watcher: threading.Thread | None = None
+        self._clock_offset_ms = 0
         self._beat()
         self._heart = threading.Thread(target=self._heartbeat, name="engram-heartbeat", daemon=True)
         self._heart.start()
@@ -211,11 +212,23 @@ class PostgresStore:
             os.close(self._lock_fd)
 
     def _beat(self) -> None:
-        self.one(
+        sent = wall_clock()
+        row = self.one(
             "INSERT INTO nodes (node_id, hostname, pid, version) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), pid = excluded.pid RETURNING 1",
+            " ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), pid = excluded.pid"
+            " RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             [self.node_id, socket.gethostname(), os.getpid(), _version()],
         )
+        assert row is not None
+        # The database's clock against this node's, measured at each heartbeat (error: half the
+        # round trip): what clock() adds to this node's wall clock.
+        self._clock_offset_ms = int(row[0]) - (sent + wall_clock()) // 2
+
+    def clock(self) -> int | None:
+        """The database's clock (epoch ms), read without a round trip: this node's wall clock
+        corrected by the offset the last heartbeat measured. Every node expires a record, and
+        judges a signed context's replay, by this one clock, however far its own has drifted."""
+        return wall_clock() + self._clock_offset_ms
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
