@@ -94,6 +94,10 @@ MIX = (("capture", 0.35), ("request_admission", 0.30), ("withdraw", 0.08), ("for
 CALL_TIMEOUT_S = 30.0
 RETRY_ATTEMPTS = 40
 REPLAYS_AFTER = 4  # per client, after recovery
+FAULTS = ("stop", "reader")  # --faults: SIGSTOP a node that is not killed; a long REPEATABLE READ reader
+# Once every node is up again, pending answers are completed and owed keys destroyed within this:
+# a node's watcher re-checks each scope every 5 s (POLL_S) and a frozen node is live for 10 s.
+DRAIN_BOUND_S = 30.0
 EVENT_OPERATIONS = {"capture": ("capture",), "request_admission": ("accept", "reject"), "withdraw": ("withdraw",),
                     "forget": ("tombstone",)}
 
@@ -491,14 +495,18 @@ class TrialResult:
     verify: dict[str, Any] | None = None
     killed_node: int = 0  # which node got SIGKILL (of ``nodes``, all on one store)
     nodes: int = 1
+    faults: list[str] = field(default_factory=list)  # --faults: what else the trial did to the nodes
+    stopped_node: int | None = None  # which node got SIGSTOP (fault "stop"), and for how long
+    stopped_s: float = 0.0
+    drained_s: float | None = None  # every node healthy: until no answer was "pending" nor key owed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, max_kill_s: float,
-              keep: bool = False, store: str | None = None,
-              nodes: int = 1) -> tuple[TrialResult, list[Op], set[tuple[str, str, str]]]:
+              keep: bool = False, store: str | None = None, nodes: int = 1,
+              faults: tuple[str, ...] = ()) -> tuple[TrialResult, list[Op], set[tuple[str, str, str]]]:
     """One kill-and-recover trial. ``store`` None: DuckDB in the trial's data dir, one server.
     ``store`` a PostgreSQL admin URL: a fresh database initialised with ``admin init-store``,
     ``nodes`` servers on it (clients spread over them), one of them killed; with several nodes
@@ -517,6 +525,12 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
     shared = Shared()
     kill_after = rng.uniform(0.05, max_kill_s)
     victim = rng.randrange(nodes) if nodes > 1 else 0  # (the DuckDB trials draw exactly as before)
+    # Fault "stop": another node (one that is not killed) is frozen with SIGSTOP for a while
+    # within the load, then resumed: live by its heartbeat for up to 10 s, unable to acknowledge.
+    stop_plan: tuple[int, float, float] | None = None
+    if "stop" in faults:
+        others = [k for k in range(nodes) if k != victim]
+        stop_plan = (rng.choice(others), rng.uniform(0.0, kill_after), rng.uniform(0.5, 3.0))
     db_url: str | None = None
     node_args = StoreArgs()
     node_dirs = [data_dir]
@@ -565,16 +579,34 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
                 await anyio.to_thread.run_sync(procs[victim].wait)
                 shared.killed = True
 
+            async def freezer(node: int, after: float, seconds: float) -> None:
+                await go.wait()
+                await anyio.sleep(after)
+                procs[node].send_signal(signal.SIGSTOP)
+                try:
+                    await anyio.sleep(seconds)
+                finally:
+                    procs[node].send_signal(signal.SIGCONT)
+
             targets = [target_of(url) for url in urls]
             async with anyio.create_task_group() as tg:
                 tg.start_soon(conductor)
+                if stop_plan is not None:
+                    tg.start_soon(freezer, *stop_plan)
                 for i in range(clients):
                     tg.start_soon(load_client, targets[i % nodes], i, random.Random(f"{seed}:{trial}:{i}"), texts,
                                   prefix, ops, shared, ready, go)
 
+        # Fault "reader": a backup's long REPEATABLE READ transaction holds data_keys all through
+        # the load (the key table's vacuum must neither stall a node's heartbeat nor its key loads).
+        reader = _long_reader(db_url) if "reader" in faults and db_url is not None else None
         try:
             anyio.run(load)
         finally:
+            if reader is not None:
+                reader.close()
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)  # a load that failed with a node still frozen
             if procs[victim].poll() is None:
                 procs[victim].kill()
                 procs[victim].wait()
@@ -613,11 +645,16 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
             failures.append(f"recovery failed: {type(exc).__name__}: {exc}")
         if nodes > 1 and (failed := restart()) is not None:
             return failed, ops, before_kill
+        drained: float | None = None
         if db_url is not None:  # every node, the restarted one too, serves exactly what the answers imply
             try:
                 anyio.run(read_back, [target_of(u) for u in urls], prefix, ops, shared)
             except Exception as exc:  # noqa: BLE001 - reported as the trial's failure
                 failures.append(f"read-back failed: {type(exc).__name__}: {exc}")
+            if faults:
+                drained, left = _drain(db_url, DRAIN_BOUND_S)
+                if left:
+                    failures.append(f"every node healthy, {left} after {DRAIN_BOUND_S:.0f} s")
         codes = [stop_server(proc) for proc in procs]
         # -SIGTERM: uvicorn re-raises the signal after its graceful shutdown, ending the process before
         # the engine closes (reported as a defect); the store must survive that too, so it is no failure.
@@ -654,7 +691,9 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
                                           if a.outcome == "indefinite")),
             by_tool=dict(Counter(op.tool for op in ops)), failures=failures, stop_exit=code,
             pending_after_recovery=sum(1 for op in ops if committed(op) and _still_pending(op)),
-            verify=verified, killed_node=victim, nodes=nodes,
+            verify=verified, killed_node=victim, nodes=nodes, faults=list(faults),
+            stopped_node=stop_plan[0] if stop_plan else None, stopped_s=round(stop_plan[2], 2) if stop_plan else 0.0,
+            drained_s=None if drained is None else round(drained, 2),
         )
         if result.ok and not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -667,6 +706,37 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _long_reader(url: str) -> Any:
+    """An open REPEATABLE READ transaction that has read ``data_keys`` (as pg_dump's does)."""
+    import psycopg
+
+    conn = psycopg.connect(url)
+    conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ")
+    conn.execute(b"SELECT count(*) FROM data_keys").fetchone()
+    return conn
+
+
+def _drain(url: str, bound: float) -> tuple[float, str]:
+    """With every node up: the seconds until no withdraw/forget answer says "pending" and no data
+    key a pending or completed answer named is left in ``data_keys``; what is left at ``bound``."""
+    import psycopg
+
+    pending = ("SELECT count(*) FROM idempotency WHERE (tool = 'withdraw' AND strpos(value, "
+               "'\"key_destruction\":\"pending\"') > 0) OR (tool = 'forget' AND strpos(value, "
+               "'\"projection_invalidation\":\"pending\"') > 0)")
+    owed = "SELECT count(*) FROM idempotency i JOIN data_keys d USING (key_ref)"
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            counts = [int(conn.execute(q.encode()).fetchone()[0]) for q in (pending, owed)]  # type: ignore[index]
+            if counts == [0, 0] or time.perf_counter() - started > bound:
+                break
+            time.sleep(0.25)
+    names = ("answers still pending", "data keys of withdrawn or forgotten items left")
+    left = ", ".join(f"{n} {what}" for n, what in zip(counts, names, strict=True) if n)
+    return time.perf_counter() - started, left
 
 
 async def read_back(targets: list[Target], prefix: str, ops: list[Op], shared: Shared) -> None:
@@ -799,7 +869,7 @@ def render(summary: dict[str, Any], results: list[TrialResult]) -> None:
 
 def run_crash(trials: int, seed: int, clients: int, out: Path, max_kill_s: float = 1.5, keep: bool = False,
               progress: bool = True, argv: list[str] | None = None, store: str | None = None,
-              nodes: int = 1) -> dict[str, Any]:
+              nodes: int = 1, faults: tuple[str, ...] = ()) -> dict[str, Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -817,7 +887,8 @@ def run_crash(trials: int, seed: int, clients: int, out: Path, max_kill_s: float
         work.mkdir(exist_ok=True)
         task = bar.add_task("trials", total=trials, status="")
         for trial in range(trials):
-            result, _ops, _before = run_trial(trial, seed, clients, keys_dir, work, max_kill_s, keep, store, nodes)
+            result, _ops, _before = run_trial(trial, seed, clients, keys_dir, work, max_kill_s, keep, store, nodes,
+                                              faults)
             results.append(result)
             summary = totals(results, time.perf_counter() - t0)
             bar.update(task, advance=1, status=f"{summary['survived']} survived, {summary['operations']} ops, "
@@ -854,6 +925,10 @@ def crash_cmd(
                                      "admin init-store, dropped when the trial passes (kept when it fails).")] = None,
     nodes: Annotated[int, Opt("--nodes", min=1, max=8, help="Servers on the one PostgreSQL store; clients spread "
                               "over them, one is killed, the others take the retries (needs --store).")] = 1,
+    faults: Annotated[str, Opt("--faults", help="Comma-separated, besides the kill (needs --nodes 2 or more): "
+                               "stop (SIGSTOP another node for 0.5-3 s), reader (a REPEATABLE READ transaction "
+                               "holds data_keys through the load). Then, with every node up, no answer may stay "
+                               "pending nor any owed data key remain for more than 30 s.")] = "",
 ) -> None:
     """SIGKILL the real server under concurrent mutations; recover, retry with the same keys, check."""
     try:
@@ -861,10 +936,16 @@ def crash_cmd(
             raise UsageError(f"--transport {transport}: only http is supported (several clients on one server)")
         if nodes > 1 and store is None:
             raise UsageError(f"--nodes {nodes} needs --store URL (a DuckDB store is served by one process)")
+        chosen = tuple(f.strip() for f in faults.split(",") if f.strip())
+        unknown = [f for f in chosen if f not in FAULTS]
+        if unknown:
+            raise UsageError(f"--faults {unknown[0]}: choose among {', '.join(FAULTS)}")
+        if chosen and nodes < 2:
+            raise UsageError("--faults needs --nodes 2 or more (and --store URL)")
         if store is not None:
             check_admin_url(store)
         result = run_crash(trials, seed, clients, out, max_kill_s, keep, progress,
-                           sys.argv[2:] if len(sys.argv) > 2 else [], store, nodes)
+                           sys.argv[2:] if len(sys.argv) > 2 else [], store, nodes, chosen)
     except (UsageError, BenchUsageError) as exc:
         sys.stderr.write(f"engram-memory: error: {exc}\n")
         raise typer.Exit(2) from None

@@ -52,7 +52,7 @@ from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
 from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
-from engram_memory.store.backend import JournalChange, Store, StoreBusyError
+from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
 from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
 from engram_memory.store.live import ScopeView, ScopeViews, Window
@@ -93,7 +93,7 @@ class Engine:
         config = self.config = settings
         self.db = db
         self.audit = AuditWriter(db)
-        self.clock = clock or default_clock()
+        self.clock = clock or default_clock(db.clock)
         self.keys = db.key_ring()
         self.policy = config.host_policy()
         self.lifecycle = Lifecycle(db, self.keys, self.policy)
@@ -113,6 +113,9 @@ class Engine:
         self._batch: dict[str, tuple[list[dict[str, Any]], int]] | None = None
         self._stale: set[str] = set()  # scopes whose projections must be rebuilt before use
         self._pending: set[str] = set()  # scopes with a withdraw/forget answer still "pending"
+        # Shared store: the cursor this node last acknowledged per scope (node_cursors), so an
+        # acknowledgement that failed (or a kill before it) is made again, never left behind.
+        self._acked: dict[str, int] = {}
         self._closed = False
         # Admissions' projection updates, grouped (store/projector.py); a shared store's nodes
         # project from the journal instead (Engine._sync).
@@ -256,11 +259,14 @@ class Engine:
             # read, and the next sync re-applies what came after it (upserts and deletes are
             # idempotent).
             cursor = self.db.projection_cursor(scope_ref)
+            # Before building: until it is done, a forget committed from here on waits for this node
+            # (a node with no node_cursors row of the scope was not waited for at all).
+            self._acknowledge(scope_ref, min(cursor, self._applied(scope_ref)), strict=True)
             records = self.live_records(scope_ref)
             docs = [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records]
             self.projections.rebuild(scope_ref, docs, self.stored_vectors(scope_ref), cursor)
             self._views.drop(scope_ref)
-            self.db.acknowledge(scope_ref, cursor)
+            self._acknowledge(scope_ref, cursor)
 
     # -- semantic channel ----------------------------------------------------------------
 
@@ -282,7 +288,7 @@ class Engine:
         kept_ids, kept_rows = [], []
         rows: list[tuple[str, str | None, str, bytes]] = []
         with self.db.transaction() as uow:
-            for rid, key_ref in uow.live_keys(list(by_id), CURRENT.value):
+            for rid, key_ref in uow.live_keys(scope_ref, list(by_id), CURRENT.value):
                 dek = self.keys.load(key_ref)
                 if dek is None:
                     continue
@@ -334,6 +340,11 @@ class Engine:
                         return
                     todo = self._missing_embeddings(self.BACKFILL_CHUNK)
                     if todo is None:
+                        # A sync while the channel was not ready (another node's admission, whose
+                        # vector that node stored: nothing was missing here) indexed it lexically
+                        # only: every stored vector the index lacks goes in before it is ready.
+                        for scope_ref in self.scopes():
+                            self._repair_vectors(scope_ref)
                         self._semantic_done.set()  # under the lock: no admission slips in between
                         return
                 scope_ref, records = todo
@@ -448,10 +459,11 @@ class Engine:
         elif scope_ref in self._stale:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
-        if scope_ref in self._pending and self.lifecycle.retry_keys() \
+        if scope_ref in self._pending and self.lifecycle.retry_keys() and self.lifecycle.destroy_owed(scope_ref) \
                 and self.db.unacknowledged(scope_ref, self.db.projection_cursor(scope_ref)) == 0:
-            # No key left to destroy and the projections hold only current records (rebuilt, or
-            # purged by the forget itself): every pending answer of the scope is now true.
+            # No key left to destroy (this node's, and those the answers owe, whichever node
+            # left them) and the projections hold only current records (rebuilt, or purged by the
+            # forget itself): every pending answer of the scope is now true.
             done = self.lifecycle.complete_pending(scope_ref, _coverage(self.db.projection_cursor(scope_ref)))
             self._pending.discard(scope_ref)
             log.info("completed %d pending withdraw/forget answer(s)", done)
@@ -601,7 +613,13 @@ class Engine:
         target = self.db.projection_cursor(scope_ref)
         applied = self._applied(scope_ref)
         if applied == target and scope_ref not in self._stale:
+            if self._acked.get(scope_ref) != target:
+                self._acknowledge(scope_ref, target)  # the last acknowledgement failed, or none yet
             return
+        if scope_ref not in self._acked:
+            # This node's first sync of the scope (since it started): its row says how far it is
+            # before it catches up, so a forget committed meanwhile waits for it.
+            self._acknowledge(scope_ref, min(applied, target), strict=True)
         if scope_ref in self._stale or applied > target or target - applied > CATCH_UP_EVENTS:
             self.rebuild_scope(scope_ref)
             self._stale.discard(scope_ref)
@@ -615,7 +633,22 @@ class Engine:
         view = self._views.get(scope_ref)
         if view is not None and view.projection_cursor != target:
             self._views.drop(scope_ref)
-        self.db.acknowledge(scope_ref, target)
+        self._acknowledge(scope_ref, target)
+
+    def _acknowledge(self, scope_ref: str, cursor: int, *, strict: bool = False) -> None:
+        """Record in the store how far this node's projections of the scope reflect its journal.
+        A failure is retried by the next sync of the scope (a read, or the watcher's poll) rather
+        than failing the read whose projections are level; ``strict``: a row that must exist
+        before the work it guards, so its failure stops that work."""
+        try:
+            self.db.acknowledge(scope_ref, cursor)
+        except Exception as exc:
+            self._acked.pop(scope_ref, None)
+            if strict or not is_store_error(exc):
+                raise
+            log.warning("acknowledging scope %s at cursor %d failed; retried at its next sync", scope_ref, cursor)
+            return
+        self._acked[scope_ref] = cursor
 
     def _project(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> list[dict[str, Any]]:
         """Drop records that left the current state from the scope's view and projections and
@@ -693,7 +726,8 @@ class Engine:
             return
         try:
             target = self.db.projection_cursor(scope_ref)
-            if self._applied(scope_ref) == target and scope_ref not in self._pending:
+            if self._applied(scope_ref) == target and scope_ref not in self._pending \
+                    and self._acked.get(scope_ref) == target:
                 return
             self._await_vectors(scope_ref, target)
             with self._rw.write():
@@ -747,7 +781,8 @@ class Engine:
         with self._rw.write():
             if self._closed:
                 return value  # pending: completed after the next start (recover)
-            if not self.lifecycle.retry_keys() or self.db.unacknowledged(ctx.scope_ref, cursor):
+            if not self.lifecycle.retry_keys() or not self.lifecycle.destroy_owed(ctx.scope_ref) \
+                    or self.db.unacknowledged(ctx.scope_ref, cursor):
                 self._pending.add(ctx.scope_ref)
                 return value
             key = plain["idempotency_key"]

@@ -42,9 +42,11 @@ def store(
     intent: str,
     value: dict[str, Any],
     created_at: str,
+    key_ref: str | None = None,
 ) -> None:
+    """``key_ref``: the data key a "pending" withdraw/forget answer still owes (completed only once it is gone)."""
     uow.ledger_store(ctx.scope_ref, ctx.principal, key_digest(idempotency_key), tool, intent,
-                     canonical_text(value), created_at)
+                     canonical_text(value), created_at, key_ref)
 
 
 def update(db: Store | UnitOfWork, ctx: HostContext, idempotency_key: str, value: dict[str, Any]) -> None:

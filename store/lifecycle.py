@@ -445,7 +445,7 @@ class Lifecycle:
             # Written as "pending" in the same transaction; upgraded once the key is gone, so a
             # replay always returns the answer the first call gave.
             value = {"receipt": receipt, "replayed": False, "key_destruction": "pending"}
-            ledger.store(uow, ctx, key, "withdraw", intent, value, at)
+            ledger.store(uow, ctx, key, "withdraw", intent, value, at, key_ref)
         if key_ref is None or self._destroy(key_ref):
             value = {**value, "key_destruction": "complete"}
             ledger.update(self.db, ctx, key, value)
@@ -503,7 +503,7 @@ class Lifecycle:
             uow.tombstone_payload(ctx.scope_ref, pd, rid, cursor)
             receipt = self._lifecycle_receipt(event, Operation.TOMBSTONE.value, state, to_state, auth, at)
             value = {"receipt": receipt, "replayed": False, "projection_invalidation": "pending"}
-            ledger.store(uow, ctx, key, "forget", intent, value, at)
+            ledger.store(uow, ctx, key, "forget", intent, value, at, key_ref)
         if key_ref is not None:
             self._destroy(key_ref)  # crypto-shreds the body; the engine completes only once it is gone
         return value, rid
@@ -529,6 +529,14 @@ class Lifecycle:
             if self.keys.destroy(key_ref):
                 self.pending_keys.discard(key_ref)
         return not self.pending_keys
+
+    def destroy_owed(self, scope_ref: str) -> bool:
+        """Destroy the data keys the scope's pending answers owe that are still there (on a shared
+        store: left by a node that died or failed between its commit and the key's deletion, whose
+        own retry list is gone with it); True once none is left."""
+        for key_ref in self.db.owed_keys(scope_ref):
+            self.keys.destroy(key_ref)
+        return not self.db.owed_keys(scope_ref)
 
     def pending_scopes(self) -> dict[str, set[str]]:
         """``{scope_ref: {tool}}`` of the withdraw and forget answers still saying "pending"."""

@@ -15,12 +15,21 @@ def wall_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-def default_clock() -> Clock:
-    """The wall clock, or a frozen one for reproducibility runs (ENGRAM_CLOCK_MS, test-only)."""
+def default_clock(shared: Callable[[], int | None] | None = None) -> Clock:
+    """The wall clock, or a frozen one for reproducibility runs (ENGRAM_CLOCK_MS, test-only); on a
+    store shared by several nodes, ``shared`` (the store's clock: store/postgres/backend.py)."""
     fixed = os.environ.get("ENGRAM_CLOCK_MS")
     if fixed:
         value = int(fixed)
         return lambda: value
+    if shared is not None and shared() is not None:
+        store_clock = shared
+
+        def clock() -> int:
+            now = store_clock()
+            return wall_clock() if now is None else now
+
+        return clock
     return wall_clock
 
 

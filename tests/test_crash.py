@@ -165,6 +165,22 @@ def kept_pg_trial(pg_url: str, tmp_path_factory: pytest.TempPathFactory):
         drop_database(pg_url, url)
 
 
+def test_three_nodes_under_faults_survive_and_drain(pg_url: str, tmp_path: Path) -> None:
+    """A short fault run (issue 38): three nodes, one SIGKILLed, another frozen by SIGSTOP, a
+    REPEATABLE READ reader holding data_keys through the load; then every check of a trial, and
+    with every node up no answer pending and no owed data key left within DRAIN_BOUND_S.
+    The long run's command: docs/postgresql.md."""
+    result = run_crash(1, seed=5, clients=4, out=tmp_path / "out", max_kill_s=3.0, progress=False, store=pg_url,
+                       nodes=3, faults=("stop", "reader"))
+    totals = result["totals"]
+    assert totals["survived"] == 1, [r.failures for r in result["results"]]
+    trial = json.loads((tmp_path / "out" / "crash.json").read_text())["trials"][0]
+    assert trial["faults"] == ["stop", "reader"] and trial["nodes"] == 3
+    assert trial["stopped_node"] not in (None, trial["killed_node"]) and trial["stopped_s"] >= 0.5
+    assert trial["drained_s"] is not None and trial["verify"]["ok"]
+    assert trial["verify"]["projections"] == ["equal"] * 6  # two scopes on each of the three nodes
+
+
 def _pg_copy(pg_url: str, url: str) -> str:
     """A copy of the kept trial's database (CREATE DATABASE ... TEMPLATE), to plant a fault in."""
     from urllib.parse import urlsplit
@@ -220,6 +236,9 @@ def test_postgres_checks_fail_on_planted_faults(kept_pg_trial, pg_url: str, tmp_
     (["--nodes", "2"], "needs --store"),
     (["--store", "postgresql://u:secret@127.0.0.1:1/db"], "password"),
     (["--store", "mysql://u@h/db"], "not a PostgreSQL URL"),
+    (["--faults", "stop"], "--faults needs --nodes 2"),
+    (["--faults", "stop,partition", "--nodes", "3", "--store", "postgresql://u@127.0.0.1:1/db"],
+     "--faults partition: choose among stop, reader"),
 ])
 def test_store_usage_errors_are_one_line(argv: list[str], message: str, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "engram_memory.server.cli", "crash", "--out", str(tmp_path / "o"),

@@ -537,6 +537,9 @@ async def test_an_admission_a_killed_node_committed_but_never_answered_is_replay
     t = "unknown"
     async with client(a, kit, t) as on_a:
         cid = value(await on_a.call("capture", capture_args("Godwit flocks roost on the spit at high water.")))
+        # A has synced the scope once (its node_cursors row is written before its first sync), so
+        # the lock below stops A at the acknowledgement after its commit, not before the admission.
+        await on_a.call("search", search_args("godwit"))
     adm = {"candidate_id": cid["candidate_id"], "idempotency_key": key("adm-unknown")}
     with psycopg.connect(trio.url) as hold:  # one transaction until the with block ends
         hold.execute(b"LOCK TABLE node_cursors IN EXCLUSIVE MODE")

@@ -219,6 +219,9 @@ class Database:
     def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
         _ledger_update(self.con, scope_ref, principal, key_digest, value)
 
+    def owed_keys(self, scope_ref: str) -> list[str]:
+        return []  # one process: its own Lifecycle.pending_keys (and the start-up sweep) hold them
+
     def pending_answers(self, scope_ref: str | None = None) -> list[PendingAnswer]:
         # The stored values are JCS text, so a pending answer holds exactly this substring.
         sql = ("SELECT scope_ref, tool, principal, key_digest, value FROM idempotency"
@@ -370,6 +373,9 @@ class Database:
     def watch(self, on_change: Callable[[str], None]) -> None:
         pass  # nobody else writes this store
 
+    def clock(self) -> int | None:
+        return None  # one process: its wall clock is the only one
+
     def acknowledge(self, scope_ref: str, cursor: int) -> None:
         pass  # one process: its projections are the only ones
 
@@ -504,7 +510,9 @@ class DuckDBUnitOfWork:
         return self._db.tombstoned(scope_ref, payload_digest)
 
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
-                     value: str, created_at: str) -> None:
+                     value: str, created_at: str, key_ref: str | None = None) -> None:
+        # ``key_ref`` is for a shared store's other nodes: this one process retries its own keys
+        # (Lifecycle.pending_keys) and sweeps what a crash left at its next start.
         self._con.execute(
             "INSERT INTO idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
             [scope_ref, principal, key_digest, tool, intent_hash, value, created_at],
@@ -557,13 +565,13 @@ class DuckDBUnitOfWork:
         self._con.execute("INSERT INTO tombstoned_payloads VALUES (?, ?, ?, ?)",
                           [scope_ref, payload_digest, record_id, cursor])
 
-    def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
+    def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
         """(record_id, key_ref) of those records still current with a key, in record_id order."""
         # Two statements per chunk, not two per record: DuckDB costs ~1 ms a statement.
         return [(rid, key_ref) for rid, key_ref in self._con.execute(
             "SELECT record_id, key_ref FROM records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))"
-            " AND state = ? AND key_ref IS NOT NULL ORDER BY record_id",
-            [list(record_ids), state],
+            " AND scope_ref = ? AND state = ? AND key_ref IS NOT NULL ORDER BY record_id",
+            [list(record_ids), scope_ref, state],
         ).fetchall()]
 
     def due_expiries(self, scope_ref: str, states: Sequence[str], now_ms: int) -> list[DueExpiry]:

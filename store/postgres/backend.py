@@ -34,6 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
+from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.store.backend import (
     PROJECTED_OPERATIONS,
     Candidate,
@@ -70,6 +71,10 @@ SECRET_REF = "meta:page-cursor-key"  # the page-cursor key's wrapping is bound t
 HEARTBEAT_S = 2.0
 POLL_S = 5.0  # a node re-checks every scope this often, notified or not
 NODE_LIVE_S = 10  # a node whose heartbeat is older is gone: a forget no longer waits for it
+VACUUM_LOCK_TIMEOUT = "200ms"  # the longest a key load may queue behind the key table's vacuum
+VACUUM_RETRY_S = 5.0  # a vacuum that did not get its lock runs again this much later
+REPLAY_SKEW_S = 60  # how far a node's clock may trail the database's and still find a context claimed
+REPLAY_HOLD_S = CLOCK_LEEWAY_S + REPLAY_SKEW_S  # a jti stays claimed until exp + this (database clock)
 
 
 def fingerprint(master_key: bytes) -> str:
@@ -155,11 +160,14 @@ class PostgresStore:
         _bind_node_dir(data_dir, self.store_id())
         self._url = url
         self._stop = threading.Event()
-        self.keys_destroyed = threading.Event()  # set by the key ring; the heartbeat then vacuums
+        self.keys_destroyed = threading.Event()  # set by the key ring; the vacuum thread then runs
         self._watcher: threading.Thread | None = None
+        self._clock_offset_ms = 0
         self._beat()
         self._heart = threading.Thread(target=self._heartbeat, name="engram-heartbeat", daemon=True)
         self._heart.start()
+        self._vacuum = threading.Thread(target=self._vacuum_loop, name="engram-vacuum-keys", daemon=True)
+        self._vacuum.start()
 
     def watch(self, on_change: Callable[[str], None]) -> None:
         """Call ``on_change(scope_ref)`` from a background thread whenever another node moves a
@@ -192,6 +200,7 @@ class PostgresStore:
             return  # closed already
         self._stop.set()
         self._heart.join()
+        self._vacuum.join()
         if self._watcher is not None:
             self._watcher.join()
         try:
@@ -203,31 +212,62 @@ class PostgresStore:
             os.close(self._lock_fd)
 
     def _beat(self) -> None:
-        self.one(
+        sent = wall_clock()
+        row = self.one(
             "INSERT INTO nodes (node_id, hostname, pid, version) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), pid = excluded.pid RETURNING 1",
+            " ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), pid = excluded.pid"
+            " RETURNING (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             [self.node_id, socket.gethostname(), os.getpid(), _version()],
         )
+        assert row is not None
+        # The database's clock against this node's, measured at each heartbeat (error: half the
+        # round trip): what clock() adds to this node's wall clock.
+        self._clock_offset_ms = int(row[0]) - (sent + wall_clock()) // 2
+
+    def clock(self) -> int | None:
+        """The database's clock (epoch ms), read without a round trip: this node's wall clock
+        corrected by the offset the last heartbeat measured. Every node expires a record, and
+        judges a signed context's replay, by this one clock, however far its own has drifted."""
+        return wall_clock() + self._clock_offset_ms
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 self._beat()
-                if self.keys_destroyed.is_set():
-                    self.keys_destroyed.clear()
-                    self.vacuum_keys()
             except Exception:  # noqa: BLE001 - the store is unreachable: reads fail on their own; keep trying
                 log.warning("heartbeat to the PostgreSQL store failed")
 
     # -- bounding what a deleted key leaves behind (SECURITY.md) ---------------------------
 
+    def _vacuum_loop(self) -> None:
+        """After key destructions, on a thread of its own (never the heartbeat's): vacuum
+        ``data_keys``; when its lock is not granted at once, retry VACUUM_RETRY_S later."""
+        while not self._stop.is_set():
+            if not self.keys_destroyed.wait(0.25):  # short: close() joins this thread
+                continue
+            self.keys_destroyed.clear()
+            try:
+                self.vacuum_keys()
+            except Exception:  # noqa: BLE001 - a reader holds the table (a backup) or the store is away
+                log.info("vacuuming data_keys did not get its lock; retried in %.0f s", VACUUM_RETRY_S)
+                if not self._stop.wait(VACUUM_RETRY_S):
+                    self.keys_destroyed.set()
+
     def vacuum_keys(self) -> None:
         """Rewrite ``data_keys`` without its dead rows. A deleted row stays in the table's file as a
         dead tuple, and a plain VACUUM only marks its space free (the bytes stay until reused);
         VACUUM FULL writes a new file holding the live rows only. The table is small (one ~60-byte
-        row per live candidate or record), so its brief exclusive lock costs milliseconds."""
+        row per live candidate or record), so its brief exclusive lock costs milliseconds.
+
+        It waits at most VACUUM_LOCK_TIMEOUT for that lock, then raises: while it waits, every
+        reader of ``data_keys`` (each key load) queues behind it, and a long transaction that read
+        the table (pg_dump's REPEATABLE READ) would otherwise stall the whole cluster."""
         with self.pool.connection() as conn:  # autocommit: VACUUM cannot run inside a transaction
-            conn.execute("VACUUM FULL data_keys")
+            conn.execute(f"SET lock_timeout = '{VACUUM_LOCK_TIMEOUT}'")
+            try:
+                conn.execute("VACUUM FULL data_keys")
+            finally:
+                conn.execute("RESET lock_timeout")
 
     def key_ring(self) -> KeyRing:
         return PostgresKeyRing(self)
@@ -321,6 +361,15 @@ class PostgresStore:
             params.append(scope_ref)
         rows = self.all(sql + " ORDER BY 1, 3, 4", params)
         return [PendingAnswer(s, t, p, k, json.loads(v)) for s, t, p, k, v in rows]
+
+    def owed_keys(self, scope_ref: str) -> list[str]:
+        """The data keys the scope's pending withdraw/forget answers still owe: recorded with each
+        answer, their rows still present (a node died, or its delete failed, after the commit)."""
+        return [r[0] for r in self.all(
+            "SELECT DISTINCT i.key_ref FROM idempotency i JOIN data_keys d USING (key_ref)"
+            " WHERE i.scope_ref = %s AND (strpos(i.value, '\"key_destruction\":\"pending\"') > 0"
+            " OR strpos(i.value, '\"projection_invalidation\":\"pending\"') > 0) ORDER BY 1",
+            [scope_ref])]
 
     # -- lifecycle state -----------------------------------------------------------------
 
@@ -502,11 +551,13 @@ def _ledger_lookup(conn: psycopg.Connection, scope_ref: str, principal: str, key
 
 def _ledger_update(conn: psycopg.Connection, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
     # Only a "pending" answer is ever upgraded, once: when two nodes complete it at the same time (with
-    # coverage digests of different cursors), the first completion is the answer for good.
+    # coverage digests of different cursors), the first completion is the answer for good. And never
+    # while the data key it owes still has its row, whichever node left the row behind.
     conn.execute(
         "UPDATE idempotency SET value = %s WHERE scope_ref = %s AND principal = %s AND key_digest = %s"
         " AND (strpos(value, '\"key_destruction\":\"pending\"') > 0"
-        " OR strpos(value, '\"projection_invalidation\":\"pending\"') > 0)",
+        " OR strpos(value, '\"projection_invalidation\":\"pending\"') > 0)"
+        " AND (key_ref IS NULL OR NOT EXISTS (SELECT 1 FROM data_keys d WHERE d.key_ref = idempotency.key_ref))",
         [value, scope_ref, principal, key_digest],
     )
 
@@ -620,10 +671,11 @@ class PostgresUnitOfWork:
         return _due_expiries(self._lock(scope_ref), scope_ref, states, now_ms)
 
     def ledger_store(self, scope_ref: str, principal: str, key_digest: str, tool: str, intent_hash: str,
-                     value: str, created_at: str) -> None:
+                     value: str, created_at: str, key_ref: str | None = None) -> None:
         self._lock(scope_ref).execute(
-            "INSERT INTO idempotency VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            [scope_ref, principal, key_digest, tool, intent_hash, value, created_at],
+            "INSERT INTO idempotency (scope_ref, principal, key_digest, tool, intent_hash, value, created_at,"
+            " key_ref) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [scope_ref, principal, key_digest, tool, intent_hash, value, created_at, key_ref],
         )
 
     def ledger_update(self, scope_ref: str, principal: str, key_digest: str, value: str) -> None:
@@ -673,11 +725,14 @@ class PostgresUnitOfWork:
         self._lock(scope_ref).execute("INSERT INTO tombstoned_payloads VALUES (%s, %s, %s, %s)",
                                       [scope_ref, payload_digest, record_id, cursor])
 
-    def live_keys(self, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
-        return [(rid, key_ref) for rid, key_ref in self._conn.execute(
-            "SELECT record_id, key_ref FROM records WHERE record_id = ANY(%s) AND state = %s"
+    def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
+        # Under the scope's lock: a forget of one of them waits for this transaction's embeddings,
+        # then deletes them with the record's key (read without it, the forget could commit in
+        # between and the insert leave an embeddings row for a tombstoned record).
+        return [(rid, key_ref) for rid, key_ref in self._lock(scope_ref).execute(
+            "SELECT record_id, key_ref FROM records WHERE record_id = ANY(%s) AND scope_ref = %s AND state = %s"
             " AND key_ref IS NOT NULL ORDER BY record_id",
-            [list(record_ids), state],
+            [list(record_ids), scope_ref, state],
         ).fetchall()]
 
     def insert_embeddings(self, rows: Sequence[tuple[str, str | None, str, bytes]]) -> None:
@@ -747,7 +802,14 @@ class PostgresKeyRing:
 
 class PostgresReplay:
     """The signed-context replay cache, shared by every node: a context accepted by one node is
-    refused by all the others until it expires."""
+    refused by all the others for as long as any node could still accept it.
+
+    Every decision is the database's clock's, never this node's (whose clock may run fast or slow):
+    a context past ``exp + CLOCK_LEEWAY_S`` by the database's clock is refused (``verify`` on a slow
+    node would still take it), and a claim is held until ``exp + CLOCK_LEEWAY_S + REPLAY_SKEW_S``, so
+    a node whose clock is behind the database's by up to REPLAY_SKEW_S, still accepting the token,
+    finds it claimed. (Re-claiming at ``exp < now`` let a context be replayed in the 5 s after it
+    expired, and longer on a node whose clock ran fast.)"""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
@@ -755,14 +817,17 @@ class PostgresReplay:
         self._lock = threading.Lock()
 
     def claim(self, kid: str, jti: str, exp: int, now: float) -> bool:
+        # ``now`` (this node's clock) decided ``verify``; the shared decision below ignores it.
         with self._lock:
             self._claims += 1
             sweep = self._claims % 1024 == 0
         if sweep:
-            self._store.one("DELETE FROM replay WHERE exp < %s RETURNING 1", [int(now) - 60])
+            self._store.one("DELETE FROM replay WHERE exp + %s < extract(epoch FROM now()) RETURNING 1",
+                            [REPLAY_HOLD_S])
         row = self._store.one(
-            "INSERT INTO replay VALUES (%s, %s, %s) ON CONFLICT (kid, jti) DO UPDATE SET exp = excluded.exp"
-            " WHERE replay.exp < %s RETURNING 1",
-            [kid, jti, exp, int(now)],
+            "INSERT INTO replay SELECT %s, %s, %s WHERE %s + %s >= extract(epoch FROM now())"
+            " ON CONFLICT (kid, jti) DO UPDATE SET exp = excluded.exp"
+            " WHERE replay.exp + %s < extract(epoch FROM now()) RETURNING 1",
+            [kid, jti, exp, exp, CLOCK_LEEWAY_S, REPLAY_HOLD_S],
         )
         return row is not None

@@ -163,6 +163,15 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        4,
+        "a pending withdraw or forget answer names the data key it still owes",
+        """
+        -- the key a withdraw/forget destroys, recorded with its "pending" answer: any node completes
+        -- the answer only once this key's data_keys row is gone (NULL: no key was owed)
+        ALTER TABLE idempotency ADD COLUMN key_ref TEXT;
+        """,
+    ),
 ]
 
 
