@@ -119,24 +119,35 @@ def import_cmd(
     data_dir: DataDir = None,
     store: PgStore = None,
     master_key_file: PgKeyFile = None,
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="Import an export even when lines do not match their payload_digest (they are"
+        " reported invalid) or the file holds fewer records than its header says.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Import a file into a scope through capture and admission: the admission policy decides each
     item (secrets are rejected and reported, never shown). The format is detected from the content.
     Idempotency keys come from each item's content: importing the same file again changes nothing.
+    An export is checked whole first (its header's record count, every line's payload_digest): a
+    mismatch is refused, nothing imported, unless --allow-partial.
     A DuckDB data dir that does not exist (or is empty) gets a new store."""
     scope_ref = _scope_ref(scope)
     assert scope_ref is not None
     from engram_memory.store.transfer import import_items, read_items
 
     with _outcomes():
-        fmt, items = read_items(from_)  # the whole file, before the store is opened
+        source = read_items(from_, allow_partial=allow_partial)  # the whole file, before the store is opened
+    notes = list(source.notes)
+    if source.scope is not None and source.scope != scope:
+        notes.append(f"{from_} was exported from scope {source.scope}; its records are imported into {scope}")
+    for note in notes:
+        sys.stderr.write(f"engram-memory: note: {note}\n")
     console = Console(stderr=True)  # stdout carries the report; a pipe gets no bar
     with _engine(data_dir, store, master_key_file, create=True) as engine, Progress(
             TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("importing", total=len(items))
-        report = import_items(engine, scope_ref, fmt, items, lambda: progress.advance(task))
+        task = progress.add_task("importing", total=len(source.items))
+        report = import_items(engine, scope_ref, source.format, source.items, lambda: progress.advance(task))
+    report.notes = notes
     _emit(json_out, {"scope": scope, "from": str(from_), **report.as_dict()}, lambda: _summary(scope, from_, report))
 
 

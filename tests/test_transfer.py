@@ -262,7 +262,7 @@ def test_export_and_import_refuse_a_data_dir_a_server_holds(tmp_path: Path) -> N
     engine = engine_on(DUCKDB, where)
     try:
         fill(engine)
-        out.write_text('{"format": "engram-memory-export", "version": 1}\n')
+        out.write_text('{"format": "engram-memory-export", "version": 1, "scope": "acme/main", "records": 0}\n')
         for args in (["export", "--out", str(tmp_path / "new.jsonl")], ["import", "--from", str(out)]):
             refused(cli([*args, "--scope", SCOPE, "--data-dir", str(where)]), 1, "STORE_BUSY: data dir")
     finally:
@@ -301,3 +301,138 @@ async def test_an_imported_graph_is_what_an_agent_finds_through_the_server(
         assert got["ok"], got
         secret = await mcp.call("search", search_args("database password"))
         assert secret["ok"] and PASSWORD not in json.dumps(secret)
+
+
+# ---- hostile and ordinary files (issue 40 §2) ---------------------------------------------------
+
+# Every character str.splitlines() breaks a line on but JSON does not, and one character of each
+# plane that has any (0, 1, 2, 3, 14, 15, 16; 4-13 are unassigned but still pass through).
+SEPARATORS = ["\u2028", "\u2029", "\u0085", "\x1c", "\x1d", "\x1e"]
+PLANES = ["\u00e9", "\U0001F600", "\U00020000", "\U00030000", "\U00040000", "\U000D0000", "\U000E0041",
+          "\U000F0000", "\U0010FFFD"]
+ODD = [f"Line separator {c!r} between two halves{c}of one note" for c in SEPARATORS] + \
+    [f"Plane {ord(c) >> 16} character {c} kept whole" for c in PLANES]
+
+
+def test_every_line_separator_and_every_plane_round_trip(backend: Backend, other: Backend, tmp_path: Path) -> None:
+    """An export holding U+2028, U+2029, U+0085 (and the other characters splitlines() breaks on)
+    and a character of every plane imports back whole; so does a memory graph holding them."""
+    source, target = tmp_path / "source", tmp_path / "target"
+    engine = engine_on(backend, source)
+    try:
+        for i, text in enumerate(ODD):
+            cap = call(engine, "capture", ctx(), capture_args(text, key=f"odd-capture-{i:06d}"))
+            call(engine, "request_admission", ctx(), {"candidate_id": cap["candidate_id"],
+                                                      "idempotency_key": f"odd-admit-{i:07d}"})
+    finally:
+        engine.close()
+    out = tmp_path / "odd.jsonl"
+    cli_json(["export", "--scope", SCOPE, "--out", str(out), *store_args(backend, source)])
+    assert "\u2028".encode() in out.read_bytes()  # raw in the file: only "\n" ends a line
+    report = cli_json(["import", "--scope", SCOPE, "--from", str(out), *store_args(other, target)])
+    assert report["counts"]["imported"] == len(ODD) and report["counts"]["invalid"] == 0, report
+    exported = [json.loads(line) for line in out.read_bytes().split(b"\n")[1:] if line]
+    assert [r["payload"]["components"][0]["text"] for r in exported] == ODD
+
+    graph = tmp_path / "memory.json"
+    graph.write_text("".join(json.dumps({"type": "entity", "name": f"Note {i}", "entityType": "odd",
+                                         "observations": [text]}, ensure_ascii=False) + "\n"
+                             for i, text in enumerate(ODD)), encoding="utf-8")
+    report = cli_json(["import", "--scope", "acme/graph", "--from", str(graph), *store_args(other, target)])
+    assert report["counts"]["imported"] == len(ODD) and report["counts"]["invalid"] == 0, report
+
+
+def test_a_truncated_or_edited_export_is_refused_whole_unless_allow_partial(
+        backend: Backend, other: Backend, tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    engine = engine_on(backend, source)
+    try:
+        fill(engine)
+    finally:
+        engine.close()
+    out = tmp_path / "scope.jsonl"
+    cli_json(["export", "--scope", SCOPE, "--out", str(out), *store_args(backend, source)])
+    lines = out.read_bytes().split(b"\n")[:-1]
+    truncated, edited = tmp_path / "truncated.jsonl", tmp_path / "edited.jsonl"
+    truncated.write_bytes(b"\n".join(lines[:3]) + b"\n")
+    record = json.loads(lines[3])
+    record["payload"]["components"][0]["text"] = "The billing service moved to Go in April"
+    edited.write_bytes(b"\n".join([*lines[:3], json.dumps(record).encode(), *lines[4:]]) + b"\n")
+    refused(cli(["import", "--scope", SCOPE, "--from", str(truncated), *store_args(other, target)]), 2,
+            f"{truncated}: the header says 5 record(s), the file holds 2 (truncated?); nothing imported")
+    refused(cli(["import", "--scope", SCOPE, "--from", str(edited), *store_args(other, target)]), 2,
+            f"{edited} line 4 ({record['record_id']}): the payload does not match its payload_digest")
+    if other.store is None:
+        assert not target.exists()  # refused before a store was created
+    # --allow-partial: what checks is imported, the rest reported
+    proc = cli(["import", "--scope", SCOPE, "--from", str(truncated), "--allow-partial", "--json",
+                *store_args(other, target)])
+    assert proc.returncode == 0 and "the header says 5 record(s), the file holds 2" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["counts"]["imported"] == 2
+    report = cli_json(["import", "--scope", SCOPE, "--from", str(edited), "--allow-partial",
+                       *store_args(other, target)])
+    assert report["counts"] == {"items": 5, "imported": 2, "already_present": 2, "rejected": 0,
+                                "pending_adjudication": 0, "invalid": 1}
+    assert report["invalid"] == [{"item": f"line 4 ({record['record_id']})",
+                                  "reason": "DIGEST_MISMATCH: the payload does not match its payload_digest"}]
+
+
+def test_pretty_printed_graph_bom_and_unpaired_surrogates(tmp_path: Path) -> None:
+    where = tmp_path / "store"
+    pretty = tmp_path / "graph.json"  # as the reference server's read_graph answers, saved by a Windows editor
+    whole = {"entities": [{k: v for k, v in e.items() if k != "type"} for e in GRAPH[:3]],
+             "relations": [{k: v for k, v in r.items() if k != "type"} for r in GRAPH[3:]]}
+    pretty.write_bytes(b"\xef\xbb\xbf" + json.dumps(whole, indent=2).replace("\n", "\r\n").encode())
+    report = cli_json(["import", "--scope", "acme/graph", "--from", str(pretty), "--data-dir", str(where)])
+    assert report["format"] == "mcp-memory-graph" and report["counts"]["imported"] == 7, report
+    lines = tmp_path / "memory.jsonl"
+    lines.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(item).encode() + b"\r\n" for item in GRAPH))
+    again = cli_json(["import", "--scope", "acme/graph", "--from", str(lines), "--data-dir", str(where)])
+    assert again["counts"]["already_present"] == 7 and again["store_changed"] is False
+
+    # an unpaired surrogate (a JSON escape) is an invalid item on either format, never a traceback
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"type": "entity", "name": "Bad \\ud800 name", "entityType": "x", "observations": ["a"]}\n'
+                    '{"type": "entity", "name": "Good name", "entityType": "x",'
+                    ' "observations": ["fine \\ud83d\\ude00"]}\n')
+    proc = cli(["import", "--scope", "acme/graph", "--from", str(lone), "--data-dir", str(where), "--json"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["counts"]["imported"] == 1 and report["invalid"] == [
+        {"item": "line 1 entity 'Bad \\ud800 name' observation 1",
+         "reason": "INVALID_SCHEMA: text holds an unpaired surrogate (not valid Unicode)"}]
+    out = tmp_path / "export.jsonl"
+    cli_json(["export", "--scope", "acme/graph", "--out", str(out), "--data-dir", str(where)])
+    head, first, *rest = out.read_text().split("\n")
+    bad = json.loads(first)
+    bad["payload"]["components"][0]["text"] = "Bad \ud800 text"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([head, json.dumps(bad), *rest]))
+    proc = cli(["import", "--scope", "acme/copy", "--from", str(broken), "--data-dir", str(where), "--json"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["invalid"][0]["reason"] == report["invalid"][0]["reason"]
+    # imported into another scope than the export's: said, on stderr and in the report
+    assert "was exported from scope acme/graph; its records are imported into acme/copy" in proc.stderr
+    assert json.loads(proc.stdout)["notes"] == [f"{broken} was exported from scope acme/graph; its records are"
+                                                " imported into acme/copy"]
+
+
+def test_import_and_restore_read_regular_files_only(tmp_path: Path) -> None:
+    """/dev/zero, a FIFO, a directory, a line over the cap: one line each, at once, nothing created."""
+    where = tmp_path / "store"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("wb") as fh:
+        fh.write(b'{"type": "entity", "name": "' + b"x" * (5 * 1024 * 1024) + b'"}\n')
+    for path, start in ((Path("/dev/zero"), "/dev/zero is not a regular file"),
+                        (fifo, f"{fifo} is not a regular file"),
+                        (tmp_path, f"{tmp_path} is a directory"),
+                        (huge, f"{huge} line 1 is longer than 4 MiB")):
+        proc = admin(["import", "--scope", SCOPE, "--from", str(path), "--data-dir", str(where)], timeout=30)
+        refused(proc, 2, start)
+    assert not where.exists()
+    for args, start in ((["--from", str(tmp_path)], f"--from {tmp_path} is a directory, not a backup file"),
+                        (["--from", str(huge), "--key", str(tmp_path)], f"--key {tmp_path} is a directory"),
+                        (["--from", str(fifo)], f"--from {fifo} is not a regular file")):
+        refused(admin(["restore", "--data-dir", str(tmp_path / "r"), *args], timeout=30), 2, start)
