@@ -116,7 +116,8 @@ def explain_cmd(
     The scope's records current at the receipt's system_as_of are replayed from the journal, their
     projections rebuilt in a temporary directory from the stored embeddings (only the query is
     embedded, and only when the semantic channel ranked), and the search path run over them at the
-    receipt's instant. Exit 0 when every id, score and digest matches; exit 1 (RECEIPT_MISMATCH)
+    receipt's instant. A whole response's packets are held to the receipt first (as check-receipt
+    does). Exit 0 when every id, score and digest matches; exit 1 (RECEIPT_MISMATCH)
     with one line per difference -- also when a record the receipt names has been forgotten since
     (its id only). The scope is inferred from the ranked records; name it with --scope otherwise."""
     from engram_memory.store.explain import explain_on, read_receipt, search_arguments

@@ -297,7 +297,16 @@ def explain_with(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope
                  embedder: Any = None) -> Explanation:
     """Re-derive ``receipt`` on an open engine (its store, its settings); ``embedder`` encodes the
     query when the receipt's semantic channel ranked (it is waited for), and names the model when
-    the receipt does."""
+    the receipt does. The response around the receipt, when the file carries it, is held to the
+    receipt first (as ``check_receipt`` does): packets reordered under an intact receipt differ."""
+    out = _rederive(engine, receipt, arguments, scope_ref, embedder)
+    if receipt.value is not None:
+        out.differences[:0] = _check_value(receipt.value, receipt.rank_receipt["ranked"])
+    return out
+
+
+def _rederive(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_ref: str,
+              embedder: Any) -> Explanation:
     r = receipt.rank_receipt
     cursor = int(r["system_as_of"])
     out = Explanation(scope_ref, cursor)

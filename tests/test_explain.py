@@ -281,6 +281,21 @@ def test_a_tampered_receipt_is_caught_by_both(lexical_store: tuple[Path, list[st
     assert admin(explain_args(data_dir, clean)).returncode == 0
 
 
+def test_explain_holds_the_packets_to_the_receipt(lexical_store: tuple[Path, list[str], dict[str, Any]],
+                                                   tmp_path: Path) -> None:
+    """A response whose packets were reordered, its receipt intact: explain refuses it as
+    check-receipt does (the receipt alone still re-derives)."""
+    data_dir, _ids, value = lexical_store
+    assert len(value["records"]) >= 2
+    swapped = json.loads(json.dumps(value))
+    swapped["records"][0], swapped["records"][1] = swapped["records"][1], swapped["records"][0]
+    whole = write(tmp_path / "swapped.json", swapped)
+    lines = mismatch(admin(explain_args(data_dir, whole)))
+    assert any(line.startswith("records[0].record.record_id is not") for line in lines), lines
+    assert any(line.startswith("records[0].rank is not") for line in lines), lines
+    assert admin(explain_args(data_dir, write(tmp_path / "receipt.json", swapped["rank_receipt"]))).returncode == 0
+
+
 def test_a_forgotten_record_cannot_be_rederived(lexical_store: tuple[Path, list[str], dict[str, Any]],
                                                 tmp_path: Path) -> None:
     data_dir, ids, value = lexical_store
