@@ -31,6 +31,10 @@ from engram_memory.store.refusals import STORE_INCONSISTENT
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # SIGINT (128 + 2), as a shell reports it
+# What verify says when every problem is of the kind an interrupted write leaves (store/verify.py).
+RECOVERABLE = ("all of the recoverable kind an interrupted write (a crash, a kill) leaves, nothing lost: the next"
+               " open repairs it (start the server on the store, or run the interrupted command again)")
 
 admin_app = typer.Typer(
     name="admin",
@@ -270,13 +274,18 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
         data["store"] = data.pop("data_dir")
     if scope_ref is not None:
         data["problems"] = problems
+    recoverable = bool(problems) and all(p in report.recoverable for p in problems)
+    data["recoverable"] = recoverable
+    stale = [[f"stale projection {_pair(s.scope_ref)}", "behind the journal: the next open rebuilds it before use"]
+             for s in report.scopes if s.projection == "stale" and scope_ref in (None, s.scope_ref)]
     _emit(json_out, data, lambda: _table(
         f"verify {report.data_dir}", ["result", "detail"],
         [["ok", "journal chains and heads, rows, digests, keys" + (" and projections" if pg is None else "")
-          + " verify"]] if not problems
-        else [[report.code or STORE_INCONSISTENT, p] for p in problems]))
+          + " verify"], *stale] if not problems
+        else [*[[report.code or STORE_INCONSISTENT, p] for p in problems], *stale]))
     if problems:
-        raise _refuse(report.code or STORE_INCONSISTENT, f"{where} does not verify ({len(problems)} problem(s))")
+        raise _refuse(report.code or STORE_INCONSISTENT, f"{where} does not verify ({len(problems)} problem(s))"
+                      + (f"; {RECOVERABLE}" if recoverable else ""))
 
 
 # -- backup / restore --------------------------------------------------------------------------

@@ -401,8 +401,10 @@ def _refusal(exc: EngramError) -> str:
 
 
 def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
-                 advance: Callable[[], None] = lambda: None) -> ImportReport:
-    """Capture and request admission of every item, in file order, as the scope's import principal."""
+                 advance: Callable[[], None] = lambda: None,
+                 phase: Callable[[str], None] = lambda message: None) -> ImportReport:
+    """Capture and request admission of every item, in file order, as the scope's import principal;
+    the admitted records are indexed together at the end (``phase`` hears of each step)."""
     report = ImportReport(scope_ref, fmt, items=len(items))
     ctx = import_context(scope_ref)
     present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
@@ -410,6 +412,7 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
         for item in items:
             _import_one(engine, ctx, item, present, report)
             advance()
+        phase(f"indexing {len(report.record_ids)} imported record(s)")
     return report
 
 

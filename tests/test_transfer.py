@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +440,81 @@ def test_import_and_restore_read_regular_files_only(tmp_path: Path) -> None:
                         (["--from", str(huge), "--key", str(tmp_path)], f"--key {tmp_path} is a directory"),
                         (["--from", str(fifo)], f"--from {fifo} is not a regular file")):
         refused(admin(["restore", "--data-dir", str(tmp_path / "r"), *args], timeout=30), 2, start)
+
+
+# ---- interruption and progress (issue 40 §3) ----------------------------------------------------
+
+
+def _import_until_progress(graph: Path, where: Path, scope: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start an import (stderr a pipe, not a terminal) and read its stderr until it has imported some items."""
+    proc = subprocess.Popen([sys.executable, "-m", "engram_memory.server.cli", "admin", "import", "--scope", scope,
+                             "--from", str(graph), "--data-dir", str(where)],
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("engram-memory: importing: ") and not line.startswith("engram-memory: importing: 0/"):
+            return proc, seen
+    raise AssertionError(("".join(seen), proc.wait()))
+
+
+def test_sigint_says_how_far_and_sigkill_is_recoverable_then_the_same_command_finishes(tmp_path: Path) -> None:
+    graph, where = tmp_path / "memory.jsonl", tmp_path / "store"
+    total = 600
+    graph.write_text("".join(json.dumps({"type": "entity", "name": f"Entity {e}", "entityType": "note",
+                                         "observations": [f"Observation {e}-{k} about ledger {e * 10 + k}"
+                                                          for k in range(10)]}) + "\n"
+                             for e in range(total // 10)))
+    # SIGINT: one line saying how far it got and what to do, exit 130
+    proc, seen = _import_until_progress(graph, where, SCOPE)
+    assert seen[:3] == [f"engram-memory: reading {graph}\n",
+                        f"engram-memory: read {total} item(s) (mcp-memory-graph)\n",
+                        f"engram-memory: importing: 0/{total} item(s)\n"], seen
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and out == "" and "Traceback" not in err, (proc.returncode, err)
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"engram-memory: interrupted after \d+ item\(s\) of {total}; run the same command again"
+                        " to finish", last), last
+    # SIGKILL: verify says either ok or that what is left is the recoverable kind, and what repairs it
+    proc, _seen = _import_until_progress(graph, where, SCOPE)
+    proc.kill()
+    proc.communicate(timeout=60)
+    check = admin(["verify", "--data-dir", str(where), "--json"])
+    report = json.loads(check.stdout)
+    if not report["ok"]:
+        assert check.returncode == 1 and report["recoverable"] is True, check.stdout
+        assert "the next open repairs it" in check.stderr, check.stderr
+    # the same command finishes, without duplicates, and shows every phase as plain lines
+    done = cli(["import", "--scope", SCOPE, "--from", str(graph), "--data-dir", str(where), "--json"])
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)["counts"]
+    assert counts["imported"] + counts["already_present"] == total and counts["invalid"] == 0, counts
+    phases = [line.split(":")[1].strip().split(" ")[0] for line in done.stderr.splitlines()]
+    assert phases[:3] == ["reading", "read", "importing"] and phases[-2:] == ["indexing", "done"], done.stderr
+    assert f"engram-memory: importing: {total}/{total} item(s)" in done.stderr
+    ok_json(["verify", "--data-dir", str(where)])
+    exported = cli_json(["export", "--scope", SCOPE, "--out", str(tmp_path / "all.jsonl"), "--data-dir", str(where)])
+    assert exported["records"] == total  # each observation once
+
+
+def test_verify_names_an_orphan_key_as_recoverable_and_the_next_open_repairs_it(tmp_path: Path) -> None:
+    from engram_memory.store.crypto import KeyStore
+
+    where = tmp_path / "store"
+    engine = engine_on(DUCKDB, where)
+    try:
+        fill(engine)
+    finally:
+        engine.close()
+    KeyStore(where).create()  # what a write killed between its key file and its commit leaves
+    proc = admin(["verify", "--data-dir", str(where)])
+    assert proc.returncode == 1 and "data keys referenced by no candidate or record" in proc.stdout
+    assert proc.stderr.startswith(f"engram-memory: error: STORE_INCONSISTENT: the store at {where} does not verify"
+                                  " (1 problem(s)); all of the recoverable kind an interrupted write (a crash, a"
+                                  " kill) leaves, nothing lost: the next open repairs it"), proc.stderr
+    assert json.loads(admin(["verify", "--data-dir", str(where), "--json"]).stdout)["recoverable"] is True
+    engine_on(DUCKDB, where).close()  # the next open
+    assert ok_json(["verify", "--data-dir", str(where)])["ok"] is True
