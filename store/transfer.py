@@ -51,6 +51,9 @@ IMPORT_PURPOSE = "purpose:import"
 GRAPH_VALID_FROM = 0
 GRAPH_SOURCE = "memory-graph"
 MAX_LISTED = 200  # items named per outcome in a report (the counts are always whole)
+# An import indexes what it admitted every this many items (one projection update each): memory
+# stays bounded on a large file, and an interrupted import has indexed all but the last chunk.
+INDEX_EVERY = 2000
 
 
 def import_context(scope_ref: str) -> HostContext:
@@ -408,11 +411,14 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
     report = ImportReport(scope_ref, fmt, items=len(items))
     ctx = import_context(scope_ref)
     present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
-    with engine.batch():
-        for item in items:
-            _import_one(engine, ctx, item, present, report)
-            advance()
-        phase(f"indexing {len(report.record_ids)} imported record(s)")
+    for start in range(0, len(items), INDEX_EVERY):
+        before = len(report.record_ids)
+        with engine.batch():  # the chunk's admitted records are indexed together when it ends
+            for item in items[start:start + INDEX_EVERY]:
+                _import_one(engine, ctx, item, present, report)
+                advance()
+            if len(report.record_ids) > before:
+                phase(f"indexing {len(report.record_ids) - before} imported record(s)")
     return report
 
 
