@@ -31,6 +31,10 @@ from engram_memory.store.refusals import STORE_INCONSISTENT
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # SIGINT (128 + 2), as a shell reports it
+# What verify says when every problem is of the kind an interrupted write leaves (store/verify.py).
+RECOVERABLE = ("all of the recoverable kind an interrupted write (a crash, a kill) leaves, nothing lost: the next"
+               " open repairs it (start the server on the store, or run the interrupted command again)")
 
 admin_app = typer.Typer(
     name="admin",
@@ -270,16 +274,31 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
         data["store"] = data.pop("data_dir")
     if scope_ref is not None:
         data["problems"] = problems
+    recoverable = bool(problems) and all(p in report.recoverable for p in problems)
+    data["recoverable"] = recoverable
+    stale = [[f"stale projection {_pair(s.scope_ref)}", "behind the journal: the next open rebuilds it before use"]
+             for s in report.scopes if s.projection == "stale" and scope_ref in (None, s.scope_ref)]
     _emit(json_out, data, lambda: _table(
         f"verify {report.data_dir}", ["result", "detail"],
         [["ok", "journal chains and heads, rows, digests, keys" + (" and projections" if pg is None else "")
-          + " verify"]] if not problems
-        else [[report.code or STORE_INCONSISTENT, p] for p in problems]))
+          + " verify"], *stale] if not problems
+        else [*[[report.code or STORE_INCONSISTENT, p] for p in problems], *stale]))
     if problems:
-        raise _refuse(report.code or STORE_INCONSISTENT, f"{where} does not verify ({len(problems)} problem(s))")
+        raise _refuse(report.code or STORE_INCONSISTENT, f"{where} does not verify ({len(problems)} problem(s))"
+                      + (f"; {RECOVERABLE}" if recoverable else ""))
 
 
 # -- backup / restore --------------------------------------------------------------------------
+
+
+def _regular_file(flag: str, path: Path, what: str) -> None:
+    """An input path must name a regular file: a directory, a device or a FIFO is one line, exit 2."""
+    if path.is_dir():
+        raise _fail(f"{flag} {path} is a directory, not {what}")
+    if not path.exists():
+        raise _fail(f"{flag} {path}: no such file ({what})")
+    if not path.is_file():
+        raise _fail(f"{flag} {path} is not a regular file (expected {what})")
 
 
 @admin_app.command("backup")
@@ -378,9 +397,16 @@ def restore_cmd(
     master_key_out: Annotated[Path | None, typer.Option(
         "--master-key-out", help="With --store: where to write the restored store's new master key (0600,"
         " never overwritten).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Restore even over a copy of the store whose journal is ahead of the backup (its newer"
+        " events are lost from the restored store); the replaced directory is kept aside, whole, and named.")]
+    = False,
     json_out: JsonOut = False,
 ) -> None:
     """Restore a backup into an empty directory, or over an older copy of the same store.
+
+    A store whose journal is ahead of the backup in any scope is refused (RESTORE_REFUSED, naming
+    how far ahead) unless --force; then the replaced data dir is renamed aside, never destroyed.
 
     With --store URL --master-key-out FILE: into an empty PostgreSQL store (a backup of either
     backend), its keys re-wrapped under a new master key written to FILE (only if the restore
@@ -389,13 +415,14 @@ def restore_cmd(
 
     target = _target(data_dir)
     key_path = key or from_.with_name(from_.name + ".key")
-    if not from_.is_file():
-        raise _fail(f"--from {from_}: no such file")
-    if not key_path.is_file():
-        raise _fail(f"--key {key_path}: no such file (a backup's key is written beside it as FILE.key)")
+    _regular_file("--from", from_, "a backup file")
+    _regular_file("--key", key_path, "a backup key file (a backup's key is written beside it as FILE.key)")
     if store is not None:
         if data_dir is not None:
             raise _fail("give --data-dir (a DuckDB store) or --store (a PostgreSQL store), not both")
+        if force:
+            raise _fail("--force applies to a data dir only: a PostgreSQL store is restored into an empty"
+                        " database, never over a store")
         _restore_postgres(_store_url(store), from_, key_path, master_key_out, json_out)
         return
     if master_key_out is not None:
@@ -407,12 +434,15 @@ def restore_cmd(
         if target.is_dir() and bk.held_by_another(target):
             raise _refuse("RESTORE_REFUSED", f"data dir {target} is in use by a running server; stop it first")
         with _busy("restoring"):
-            report = bk.restore(from_, backup_key, target)
+            report = bk.restore(from_, backup_key, target, force=force)
     m = report.manifest
+    if report.kept_aside is not None:
+        sys.stderr.write(f"engram-memory: the replaced store (ahead of the backup) is kept at {report.kept_aside}\n")
     _emit(json_out, report.as_dict(), lambda: _table(
         f"restored {from_} into {target}", ["field", "value"],
         [["store_id", m["store_id"]], ["backup created_at", m["created_at"]], ["files", len(m["files"])],
          ["replaced an older copy", "yes" if report.replaced else "no"],
+         *([["replaced store kept at", str(report.kept_aside)]] if report.kept_aside is not None else []),
          *[[f"head {_pair(s)}", f"cursor {h['cursor']}"] for s, h in m["heads"].items()]]))
 
 

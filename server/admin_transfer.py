@@ -10,6 +10,7 @@ the imported records at its next start). On a PostgreSQL store both run against 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engram_memory.server.admin_cli import (
+    EXIT_INTERRUPTED,
     DataDir,
     JsonOut,
     PgKeyFile,
@@ -41,6 +43,7 @@ from engram_memory.server.admin_cli import (
     admin_app,
 )
 
+PROGRESS_EVERY_S = 2.0  # a plain progress line (stderr not a terminal) at most this often
 ScopeOpt = Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")]
 
 
@@ -119,25 +122,87 @@ def import_cmd(
     data_dir: DataDir = None,
     store: PgStore = None,
     master_key_file: PgKeyFile = None,
+    allow_partial: Annotated[bool, typer.Option(
+        "--allow-partial", help="Import an export even when lines do not match their payload_digest (they are"
+        " reported invalid) or the file holds fewer records than its header says.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Import a file into a scope through capture and admission: the admission policy decides each
     item (secrets are rejected and reported, never shown). The format is detected from the content.
     Idempotency keys come from each item's content: importing the same file again changes nothing.
+    An export is checked whole first (its header's record count, every line's payload_digest): a
+    mismatch is refused, nothing imported, unless --allow-partial.
     A DuckDB data dir that does not exist (or is empty) gets a new store."""
     scope_ref = _scope_ref(scope)
     assert scope_ref is not None
     from engram_memory.store.transfer import import_items, read_items
 
+    progress = _Progress()
+    progress.line(f"reading {from_}")
     with _outcomes():
-        fmt, items = read_items(from_)  # the whole file, before the store is opened
-    console = Console(stderr=True)  # stdout carries the report; a pipe gets no bar
-    with _engine(data_dir, store, master_key_file, create=True) as engine, Progress(
-            TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("importing", total=len(items))
-        report = import_items(engine, scope_ref, fmt, items, lambda: progress.advance(task))
+        source = read_items(from_, allow_partial=allow_partial)  # the whole file, before the store is opened
+    progress.line(f"read {len(source.items)} item(s) ({source.format})")
+    notes = list(source.notes)
+    if source.scope is not None and source.scope != scope:
+        notes.append(f"{from_} was exported from scope {source.scope}; its records are imported into {scope}")
+    for note in notes:
+        sys.stderr.write(f"engram-memory: note: {note}\n")
+    try:
+        with _engine(data_dir, store, master_key_file, create=True) as engine, progress.bar(len(source.items)):
+            report = import_items(engine, scope_ref, source.format, source.items, progress.advance,
+                                  progress.line)
+    except KeyboardInterrupt:
+        # Each item is its own transactions and its keys come from its content: nothing is half
+        # imported, and the same command skips what is done.
+        sys.stderr.write(f"\nengram-memory: interrupted after {progress.done} item(s) of {len(source.items)};"
+                         " run the same command again to finish\n")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    progress.line("done")
+    report.notes = notes
     _emit(json_out, {"scope": scope, "from": str(from_), **report.as_dict()}, lambda: _summary(scope, from_, report))
+
+
+class _Progress:
+    """Progress on stderr for every phase: a bar on a terminal while importing, otherwise plain
+    lines (``engram-memory: importing: 1200/50000 item(s)``) at most every PROGRESS_EVERY_S."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True)
+        self.done, self.total, self.last = 0, 0, 0.0
+        self._bar: Progress | None = None
+        self._task: Any = None
+
+    def line(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(f"engram-memory: {message}", highlight=False)
+        else:
+            sys.stderr.write(f"engram-memory: {message}\n")
+            sys.stderr.flush()
+
+    @contextmanager
+    def bar(self, total: int) -> Iterator[None]:
+        self.total, self.last = total, time.monotonic()
+        if not self.console.is_terminal:
+            self.line(f"importing: 0/{total} item(s)")
+            yield
+            return
+        with Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=True) as bar:
+            self._bar, self._task = bar, bar.add_task("importing", total=total)
+            try:
+                yield
+            finally:
+                self._bar = None
+
+    def advance(self) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.advance(self._task)
+            return
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S or self.done == self.total:
+            self.last = now
+            self.line(f"importing: {self.done}/{self.total} item(s)")
 
 
 def _summary(scope: str, source: Path, report: Any) -> str:

@@ -50,7 +50,7 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
 from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
-from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped
+from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped, journal_hashes
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
 
@@ -85,11 +85,15 @@ class RestoreReport:
     data_dir: Path | str  # a PostgreSQL store: its URL
     manifest: dict[str, Any]
     replaced: bool  # an older copy of the same store was replaced
+    kept_aside: Path | None = None  # --force over a store ahead of the backup: where it was moved, whole
 
     def as_dict(self) -> dict[str, Any]:
         m = self.manifest
-        return {"data_dir": str(self.data_dir), "store_id": m["store_id"], "created_at": m["created_at"],
-                "files": len(m["files"]), "heads": m["heads"], "replaced": self.replaced}
+        out = {"data_dir": str(self.data_dir), "store_id": m["store_id"], "created_at": m["created_at"],
+               "files": len(m["files"]), "heads": m["heads"], "replaced": self.replaced}
+        if self.kept_aside is not None:
+            out["kept_aside"] = str(self.kept_aside)
+        return out
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -300,16 +304,18 @@ def _dir_lock(data_dir: Path) -> Any:
         data_dir, lambda: _refuse(f"data dir {data_dir} is in use by a running server; stop it first"))
 
 
-def _check_target(data_dir: Path, manifest: dict[str, Any]) -> bool:
-    """Whether the target holds an older copy of the same store (True) or nothing (False);
-    refuses a directory holding anything else, or a restore that would resurrect forgets."""
+def _check_target(data_dir: Path, manifest: dict[str, Any], staged: Path, force: bool) -> tuple[bool, bool]:
+    """Whether the target holds a copy of the same store (replaced) and whether it must be kept
+    aside (``force`` over a store ahead of the backup); False, False for nothing. Refuses a
+    directory holding anything else, a restore that would resurrect forgets, and (without
+    ``force``) one that would roll back journal events the backup does not hold."""
     if not data_dir.exists():
-        return False
+        return False, False
     if not data_dir.is_dir():
         raise _refuse(f"{data_dir} is not a directory")
     present = {p.name for p in data_dir.iterdir()} - RUNTIME
     if not present:
-        return False
+        return False, False
     if STORE_FILE not in present:
         raise _refuse(f"{data_dir} is not empty and holds no engram-memory store; restore into an empty directory")
     try:
@@ -327,7 +333,35 @@ def _check_target(data_dir: Path, manifest: dict[str, Any]) -> bool:
     if forgotten:
         raise _refuse(f"the store at {data_dir} forgot {forgotten} record(s) after this backup was taken;"
                       " restoring it would bring them back")
-    return True
+    reached = {scope: hw for scope, (hw, _h) in stopped.heads.items()
+               if 0 < hw <= int(heads.get(scope, {}).get("cursor", 0))}
+    ahead = ahead_of(stopped.heads, heads, journal_hashes(staged, reached) if reached else {})
+    if ahead and not force:
+        raise _refuse(f"the store at {data_dir} is ahead of this backup ({ahead}); restoring would discard"
+                      " that; add --force to restore anyway (the replaced store is then kept aside, not destroyed)")
+    return True, bool(ahead)
+
+
+def ahead_of(target: dict[str, tuple[int, str]], backup: dict[str, Any], staged_hashes: dict[str, str]) -> str:
+    """How far the target's journal is ahead of (or apart from) the backup's, per scope; "" when
+    the backup holds every event of the target (the same heads, or the target is an older copy).
+
+    ``staged_hashes``: the backup's event hash at the target's head cursor (where the backup
+    reaches it), so a target that went on from an older point on another path is caught too."""
+    from engram_memory.store.rebuild import scope_names
+
+    def name(scope: str) -> str:
+        names = scope_names(scope)
+        return f"{names[0]}/{names[1]}" if names else scope
+
+    parts = []
+    for scope, (hw, event_hash) in sorted(target.items()):
+        mine = int(backup[scope]["cursor"]) if scope in backup else 0
+        if hw > mine:
+            parts.append(f"{name(scope)}: {hw - mine} event(s) newer than the backup, cursor {hw} > {mine}")
+        elif hw > 0 and staged_hashes.get(scope) != event_hash:
+            parts.append(f"{name(scope)}: its journal differs from the backup's at cursor {hw}")
+    return "; ".join(parts)
 
 
 def _shred_store(path: Path) -> None:
@@ -337,8 +371,9 @@ def _shred_store(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
-    """Restore ``backup`` into ``data_dir`` (absent, empty, or an older copy of the same store).
+def restore(backup: Path, backup_key: bytes, data_dir: Path, *, force: bool = False) -> RestoreReport:
+    """Restore ``backup`` into ``data_dir`` (absent, empty, or an older copy of the same store;
+    with ``force`` also a copy ahead of the backup, which is then renamed aside, never shredded).
 
     Everything is verified and prepared beside the target first; the target is replaced by one
     rename at the end, so a refusal or a crash before it leaves the target as it was."""
@@ -367,15 +402,17 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path) -> RestoreReport:
         os.chmod(staging, 0o700)
         os.sync()  # everything staged is on disk before the swap (one sync, not one per key file)
         with _dir_lock(data_dir):
-            replaced = _check_target(data_dir, manifest)
+            replaced, keep = _check_target(data_dir, manifest, staging, force)
             old = None
             if data_dir.exists():
-                old = data_dir.with_name(f".{data_dir.name}.replaced-{secrets.token_hex(4)}")
+                stamp = to_instant(wall_clock()).replace(":", "")
+                old = data_dir.with_name(f"{data_dir.name}.replaced-{stamp}-{secrets.token_hex(3)}" if keep
+                                         else f".{data_dir.name}.replaced-{secrets.token_hex(4)}")
                 data_dir.rename(old)
             staging.rename(data_dir)
-        if old is not None:
+        if old is not None and not keep:
             _shred_store(old)
-        return RestoreReport(data_dir, manifest, replaced)
+        return RestoreReport(data_dir, manifest, replaced, old if keep else None)
     finally:
         if staging.exists():
             _shred_store(staging)
@@ -428,8 +465,43 @@ def restore_postgres(backup: Path, backup_key: bytes, url: str, master_key: byte
         try:
             migrate_store(scratch / "data", url, master_key)
         except StoreRefused as exc:
+            ahead = _postgres_ahead(url, report.manifest, scratch / "data")
+            if ahead:
+                raise AdminRefusal(RESTORE_REFUSED, f"the PostgreSQL store is ahead of this backup ({ahead});"
+                                   " restoring would discard that; a PostgreSQL store is restored only into an"
+                                   " empty database, never over a store (restore into a new database)") from None
             raise AdminRefusal(RESTORE_REFUSED, str(exc).replace("migrate into", "restore into")) from None
         return RestoreReport(url, report.manifest, False)
     finally:
         _shred_store(scratch / "data")
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _postgres_ahead(url: str, manifest: dict[str, Any], staged: Path) -> str:
+    """How far the PostgreSQL store at ``url`` is ahead of the backup (``ahead_of``), when it is a
+    copy of the same store; "" otherwise (another store, or one that cannot be read)."""
+    import psycopg
+
+    from engram_memory.store.postgres.inspect import connect
+
+    try:
+        con = connect(url)
+    except StoreError:
+        return ""
+    try:
+        if con.execute("SELECT to_regclass('scopes') IS NOT NULL AND to_regclass('meta') IS NOT NULL"
+                       ).fetchone() != (True,):
+            return ""
+        row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        if row is None or row[0] != manifest["store_id"]:
+            return ""
+        heads = {str(s): (int(hw), str(h)) for s, hw, h in con.execute(
+            "SELECT scope_ref, high_water, last_event_hash FROM scopes").fetchall()}
+    except psycopg.Error:
+        return ""
+    finally:
+        con.close()
+    backup_heads = manifest["heads"]
+    reached = {scope: hw for scope, (hw, _h) in heads.items()
+               if 0 < hw <= int(backup_heads.get(scope, {}).get("cursor", 0))}
+    return ahead_of(heads, backup_heads, journal_hashes(staged, reached) if reached else {})

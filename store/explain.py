@@ -269,6 +269,10 @@ def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_r
     """``explain_with`` on an engine an admin command opened (without the model): the scope named
     or inferred; the settings' embedding model loaded only when the receipt's semantic channel
     ranked, and named from its files when the receipt names it without having ranked with it."""
+    ids = [e["record_id"] for e in receipt.rank_receipt["ranked"] if isinstance(e.get("record_id"), str)]
+    if ids and not engine.db.load_records(ids):  # (a forgotten record keeps its row: its id is known)
+        raise AdminUsageError(f"none of the {len(ids)} record(s) the receipt ranks is in this store: it is"
+                              " a receipt of another store (name that store's --data-dir or --store)")
     if scope_ref is None:
         scope_ref = infer_scope(engine, receipt)
         if scope_ref is None:

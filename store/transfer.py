@@ -20,14 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from engram_memory.models.canonical import canonical_bytes, canonical_text
+from engram_memory.models.canonical import CanonicalizationError, canonical_bytes, canonical_text
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import payload_digest
 from engram_memory.models.errors import EngramError
@@ -50,6 +51,9 @@ IMPORT_PURPOSE = "purpose:import"
 GRAPH_VALID_FROM = 0
 GRAPH_SOURCE = "memory-graph"
 MAX_LISTED = 200  # items named per outcome in a report (the counts are always whole)
+# An import indexes what it admitted every this many items (one projection update each): memory
+# stays bounded on a large file, and an interrupted import has indexed all but the last chunk.
+INDEX_EVERY = 2000
 
 
 def import_context(scope_ref: str) -> HostContext:
@@ -62,7 +66,7 @@ def import_context(scope_ref: str) -> HostContext:
                        purpose_ref=IMPORT_PURPOSE, session="admin-import")
 
 
-def _sha(data: str | bytes) -> str:
+def _sha(data: str | bytes) -> str:  # (a str with an unpaired surrogate: UnicodeEncodeError)
     return "sha256:" + hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
 
 
@@ -116,51 +120,170 @@ class Item:
     problem: str | None = None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+MAX_LINE_BYTES = 4 * 1024 * 1024  # one line of a JSON Lines file (a capture's arguments are at most 1 MiB)
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # one JSON object spread over lines (a pretty-printed read_graph)
+BOM = b"\xef\xbb\xbf"
+UNPAIRED = "INVALID_SCHEMA: text holds an unpaired surrogate (not valid Unicode)"
+DIGEST_MISMATCH = "DIGEST_MISMATCH: the payload does not match its payload_digest"
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """The file for reading, if it is a regular file: a directory, a device (/dev/zero) or a FIFO
+    is refused in one line before anything is read (a FIFO is opened without blocking)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AdminUsageError(f"{path} is not UTF-8 text") from None
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise AdminUsageError(f"{path} is a directory, not a file to import")
+        if not stat.S_ISREG(mode):
+            raise AdminUsageError(f"{path} is not a regular file (a device, FIFO or socket): import reads files only")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise AdminUsageError(f"cannot read {path}: no such file") from None
     except OSError as exc:
         raise AdminUsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            yield number, json.loads(line)
-        except (ValueError, RecursionError):
-            raise AdminUsageError(f"{path} line {number} is not JSON (expected one JSON object per line)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the two looks
+        os.close(fd)
+        raise AdminUsageError(f"{path} is not a regular file (a device, FIFO or socket): import reads files only")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
-def read_items(path: Path) -> tuple[str, list[Item]]:
+def _decode(path: Path, number: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AdminUsageError(f"{path} line {number} is not UTF-8 text") from None
+
+
+def _raw_lines(path: Path, fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(number, bytes) of each line, split on "\n" only (U+2028, U+2029 and U+0085 are text, as in
+    JSON); a leading BOM dropped; a line longer than MAX_LINE_BYTES refused."""
+    number = 0
+    while raw := fh.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise AdminUsageError(f"{path} line {number} is longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB"
+                                  " (expected one JSON object per line)")
+        yield number, raw.removeprefix(BOM) if number == 1 else raw
+
+
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(number, value) of each non-blank line, streamed. A file whose first line is not JSON but
+    whose whole text is one JSON object (pretty-printed, as read_graph answers) is that one object."""
+    with open_regular(path) as fh:
+        first = True
+        for number, raw in _raw_lines(path, fh):
+            if not raw.strip():
+                continue
+            text = _decode(path, number, raw)
+            try:
+                value = json.loads(text)
+            except (ValueError, RecursionError):
+                whole = _whole(fh) if first else None
+                if whole is None:
+                    raise AdminUsageError(f"{path} line {number} is not JSON (expected one JSON object per line,"
+                                          " or one JSON object)") from None
+                yield number, whole
+                return
+            first = False
+            yield number, value
+
+
+def _whole(fh: BinaryIO) -> dict[str, Any] | None:
+    """The whole file as one JSON object, or None when it is not one (at most MAX_DOCUMENT_BYTES)."""
+    fh.seek(0)
+    data = fh.read(MAX_DOCUMENT_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        value = json.loads(data.removeprefix(BOM).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class Source:
+    """What an import file holds, read and checked whole before anything is imported."""
+
+    format: str
+    items: list[Item]
+    scope: str | None = None  # an export's header scope (TENANT/WORKSPACE)
+    notes: list[str] = field(default_factory=list)  # what --allow-partial let through
+
+
+def read_items(path: Path, *, allow_partial: bool = False) -> Source:
     """The file's format and its items, detected by content; raises AdminUsageError (naming the
-    first bad line) for a file that is neither format, before anything is imported."""
-    lines = list(_lines(path))
-    if not lines:
+    first bad line) for a file that is neither format, before anything is imported. An export is
+    checked whole: the header's record count and every line's payload_digest (``allow_partial``:
+    a mismatching line becomes an invalid item, a short file a note)."""
+    lines = _lines(path)
+    first = next(lines, None)
+    if first is None:
         raise AdminUsageError(f"{path} holds no items")
-    first_number, first = lines[0]
-    if len(lines) == 1 and isinstance(first, dict) and ("entities" in first or "relations" in first) \
-            and "type" not in first:
-        return GRAPH_FORMAT, _graph_object(path, first)  # a whole graph, as read_graph answers it
-    if isinstance(first, dict) and "format" in first:
-        if first.get("format") != EXPORT_FORMAT or first.get("version") != EXPORT_VERSION:
+    first_number, head = first
+    if isinstance(head, dict) and ("entities" in head or "relations" in head) and "type" not in head:
+        if next(lines, None) is not None:
+            raise AdminUsageError(f"{path}: a whole graph ({{\"entities\": ...}}) must be the file's only JSON value")
+        return Source(GRAPH_FORMAT, _graph_object(path, head))  # a whole graph, as read_graph answers it
+    if isinstance(head, dict) and "format" in head:
+        if head.get("format") != EXPORT_FORMAT or head.get("version") != EXPORT_VERSION:
             raise AdminUsageError(f"{path} line {first_number}: not an {EXPORT_FORMAT} version {EXPORT_VERSION}"
                                   " header")
-        return f"{EXPORT_FORMAT}/{EXPORT_VERSION}", [_export_item(path, n, obj) for n, obj in lines[1:]]
-    if isinstance(first, dict) and first.get("type") in ("entity", "relation"):
-        return GRAPH_FORMAT, [item for n, obj in lines for item in _graph_line(path, n, obj)]
+        return _export_source(path, first_number, head, lines, allow_partial)
+    if isinstance(head, dict) and head.get("type") in ("entity", "relation"):
+        items = _graph_line(path, first_number, head)
+        for n, obj in lines:
+            items.extend(_graph_line(path, n, obj))
+        return Source(GRAPH_FORMAT, items)
     raise AdminUsageError(f"{path} line {first_number}: neither an {EXPORT_FORMAT} header nor a memory graph"
                           ' line ({"type": "entity"|"relation", ...})')
 
 
-def _export_item(path: Path, number: int, obj: Any) -> Item:
+def _export_source(path: Path, number: int, head: dict[str, Any], lines: Iterator[tuple[int, Any]],
+                   allow_partial: bool) -> Source:
+    from engram_memory.store.rebuild import scope_names
+
+    scope, count = head.get("scope"), head.get("records")
+    scope_ref = None
+    if isinstance(scope, str):
+        tenant, _sep, workspace = scope.partition("/")
+        scope_ref = f"tenant:{tenant}/workspace:{workspace}"
+    if scope_ref is None or scope_names(scope_ref) is None or type(count) is not int or count < 0:
+        raise AdminUsageError(f"{path} line {number}: the header names no scope (TENANT/WORKSPACE) or no record"
+                              " count")
+    partial = " (--allow-partial imports the lines that check)"
+    items, notes = [], []
+    for n, obj in lines:
+        item = _export_item(path, n, obj, scope_ref)
+        if item.problem == DIGEST_MISMATCH and not allow_partial:
+            raise AdminUsageError(f"{path} {item.label}: the payload does not match its payload_digest (edited or"
+                                  f" damaged); nothing imported{partial}")
+        items.append(item)
+    if len(items) != count:
+        short = f"{path}: the header says {count} record(s), the file holds {len(items)}" + \
+            (" (truncated?)" if len(items) < count else "")
+        if not allow_partial:
+            raise AdminUsageError(f"{short}; nothing imported{partial}")
+        notes.append(short)
+    return Source(f"{EXPORT_FORMAT}/{EXPORT_VERSION}", items, scope, notes)
+
+
+def _export_item(path: Path, number: int, obj: Any, scope_ref: str) -> Item:
+    """One exported record; DIGEST_MISMATCH when its payload is not the one its payload_digest
+    names (bound to the export's scope, as the source store computed it)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("payload"), dict):
         raise AdminUsageError(f"{path} line {number}: not an exported record (an object with a payload)")
     record_id = obj.get("record_id")
     label = f"line {number}" + (f" ({record_id})" if isinstance(record_id, str) and len(record_id) < 128 else "")
+    payload = obj["payload"]
+    try:
+        if payload_digest({**payload, "scope_ref": scope_ref}) != obj.get("payload_digest"):
+            return Item(label, problem=DIGEST_MISMATCH)
+    except (ValueError, TypeError, RecursionError) as exc:
+        return Item(label, problem=UNPAIRED if isinstance(exc, CanonicalizationError) else DIGEST_MISMATCH)
     if obj.get("state", RecordState.ACCEPTED_CURRENT.value) != RecordState.ACCEPTED_CURRENT.value:
         return Item(label, problem="not a current record")
-    payload = obj["payload"]
     evidence_digest = obj.get("evidence_digest")
     if not isinstance(evidence_digest, str):
         evidence_digest = _sha(canonical_text(payload))
@@ -199,6 +322,15 @@ def _strings(obj: dict[str, Any], names: tuple[str, ...]) -> bool:
     return all(isinstance(obj.get(name), str) for name in names)
 
 
+def _graph_item(label: str, text: str, type_ref: str, source_ref: str, evidence_of: dict[str, Any]) -> Item:
+    """One graph item; invalid (as in an export) when its text is not valid Unicode (an unpaired
+    surrogate from a JSON escape: no digest of it can be taken)."""
+    try:
+        return Item(label, _graph_capture(text, type_ref, source_ref, evidence_of))
+    except (UnicodeEncodeError, CanonicalizationError):
+        return Item(label, problem=UNPAIRED)
+
+
 def _graph_line(path: Path, number: int, obj: Any) -> list[Item]:
     """An entity: one record per observation ("NAME (TYPE): OBSERVATION"), or one record
     ("NAME (TYPE)") when it has none; a relation: one record "FROM RELATION TO"."""
@@ -208,17 +340,17 @@ def _graph_line(path: Path, number: int, obj: Any) -> list[Item]:
         name, etype, observations = obj["name"], obj["entityType"], obj["observations"]
         type_ref, source_ref = f"{GRAPH_SOURCE}:entity:{etype}", f"{GRAPH_SOURCE}:entity:{name}"
         if not observations:
-            return [Item(f"line {number} entity {_name(name)}", _graph_capture(
-                f"{name} ({etype})", type_ref, source_ref, {"type": "entity", "name": name, "entityType": etype}))]
-        return [Item(f"line {number} entity {_name(name)} observation {k}", _graph_capture(
-            f"{name} ({etype}): {text}", type_ref, source_ref,
-            {"type": "entity", "name": name, "entityType": etype, "observation": text}))
-            for k, text in enumerate(observations, 1)]
+            return [_graph_item(f"line {number} entity {_name(name)}", f"{name} ({etype})", type_ref, source_ref,
+                                {"type": "entity", "name": name, "entityType": etype})]
+        return [_graph_item(f"line {number} entity {_name(name)} observation {k}", f"{name} ({etype}): {text}",
+                            type_ref, source_ref,
+                            {"type": "entity", "name": name, "entityType": etype, "observation": text})
+                for k, text in enumerate(observations, 1)]
     if kind == "relation" and _strings(obj, ("from", "to", "relationType")):
         a, rel, b = obj["from"], obj["relationType"], obj["to"]
-        return [Item(f"line {number} relation {_name(a)} -> {_name(b)}", _graph_capture(
-            f"{a} {rel} {b}", f"{GRAPH_SOURCE}:relation:{rel}", f"{GRAPH_SOURCE}:relation:{a}",
-            {"type": "relation", "from": a, "to": b, "relationType": rel}))]
+        return [_graph_item(f"line {number} relation {_name(a)} -> {_name(b)}", f"{a} {rel} {b}",
+                            f"{GRAPH_SOURCE}:relation:{rel}", f"{GRAPH_SOURCE}:relation:{a}",
+                            {"type": "relation", "from": a, "to": b, "relationType": rel})]
     raise AdminUsageError(f"{path} line {number}: not a memory graph entity (type, name, entityType, observations)"
                           " or relation (type, from, to, relationType)")
 
@@ -247,6 +379,7 @@ class ImportReport:
     invalid: list[dict[str, str]] = field(default_factory=list)  # item, reason (an error code and where)
     record_ids: list[str] = field(default_factory=list)  # the records this import admitted
     changed: bool = False  # whether anything was written to the store
+    notes: list[str] = field(default_factory=list)  # what the operator should know (--allow-partial, scope)
 
     def counts(self) -> dict[str, int]:
         return {"items": self.items, "imported": self.imported, "already_present": self.already_present,
@@ -256,7 +389,7 @@ class ImportReport:
     def as_dict(self) -> dict[str, Any]:
         return {"format": self.format, "counts": self.counts(), "store_changed": self.changed,
                 "rejected": self.rejected[:MAX_LISTED], "pending_adjudication": self.pending[:MAX_LISTED],
-                "invalid": self.invalid[:MAX_LISTED], "record_ids": self.record_ids}
+                "invalid": self.invalid[:MAX_LISTED], "record_ids": self.record_ids, "notes": self.notes}
 
 
 def _keyed(args: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -271,15 +404,21 @@ def _refusal(exc: EngramError) -> str:
 
 
 def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
-                 advance: Callable[[], None] = lambda: None) -> ImportReport:
-    """Capture and request admission of every item, in file order, as the scope's import principal."""
+                 advance: Callable[[], None] = lambda: None,
+                 phase: Callable[[str], None] = lambda message: None) -> ImportReport:
+    """Capture and request admission of every item, in file order, as the scope's import principal;
+    the admitted records are indexed together at the end (``phase`` hears of each step)."""
     report = ImportReport(scope_ref, fmt, items=len(items))
     ctx = import_context(scope_ref)
     present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
-    with engine.batch():
-        for item in items:
-            _import_one(engine, ctx, item, present, report)
-            advance()
+    for start in range(0, len(items), INDEX_EVERY):
+        before = len(report.record_ids)
+        with engine.batch():  # the chunk's admitted records are indexed together when it ends
+            for item in items[start:start + INDEX_EVERY]:
+                _import_one(engine, ctx, item, present, report)
+                advance()
+            if len(report.record_ids) > before:
+                phase(f"indexing {len(report.record_ids) - before} imported record(s)")
     return report
 
 
@@ -292,6 +431,9 @@ def _import_one(engine: Any, ctx: HostContext, item: Item, present: set[str], re
         capture = parse_input("capture", args)
     except EngramError as exc:
         report.invalid.append({"item": item.label, "reason": _refusal(exc)})
+        return
+    except CanonicalizationError:
+        report.invalid.append({"item": item.label, "reason": UNPAIRED})
         return
     except (ValueError, TypeError, RecursionError, ValidationError) as exc:
         report.invalid.append({"item": item.label, "reason": f"INVALID_SCHEMA: {type(exc).__name__}"})

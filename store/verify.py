@@ -80,15 +80,23 @@ class VerifyReport:
     problems: list[str]  # every problem, store-wide ones first
     code: str | None  # JOURNAL_CORRUPT when a chain or a head fails, else None
     key_files: int = 0
+    # Of the problems, those an interrupted write leaves (a crash, a SIGKILL) and the next open of
+    # the store repairs by itself (it destroys orphan data keys); see ``recoverable_only``.
+    recoverable: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def recoverable_only(self) -> bool:
+        """Every problem is of the recoverable kind: nothing is lost, the next open repairs it."""
+        return bool(self.problems) and all(p in self.recoverable for p in self.problems)
+
     def as_dict(self) -> dict[str, Any]:
         return {"data_dir": self.data_dir, "deep": self.deep, "ok": self.ok, "code": self.code,
                 "key_files": self.key_files, "problems": list(self.problems),
-                "scopes": [s.as_dict() for s in self.scopes]}
+                "recoverable": self.recoverable_only, "scopes": [s.as_dict() for s in self.scopes]}
 
 
 def _held(data_dir: Path) -> Any:
@@ -161,6 +169,7 @@ class _Verifier:
         # data_dir: where the projections are (None: a shared store's live in each node, not checked here)
         self.data_dir, self.store, self.deep, self.keys = data_dir, store, deep, keys
         self.corrupt = False
+        self.recoverable: list[str] = []
 
     def key_exists(self, key_ref: str) -> bool:
         return self.keys.exists(key_ref)
@@ -188,6 +197,8 @@ class _Verifier:
         orphans, count = self.keys.census(self.store.referenced_keys())
         _listed(problems, "data keys referenced by no candidate or record (an interrupted write; "
                 "the next open destroys them)", orphans)
+        if orphans:
+            self.recoverable.append(problems[-1])
         listed = self.store.listed_scopes()
         for table in TABLES:
             stray = [s for s in self.store.scopes_in(table) if s not in listed]
@@ -431,7 +442,7 @@ def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
     for result in results:
         problems.extend(result.problems)
     return VerifyReport(str(data_dir), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
-                        key_files)
+                        key_files, verifier.recoverable)
 
 
 def verify_postgres(url: str, master_key: bytes, key_file: Path, *, deep: bool = True) -> VerifyReport:
@@ -451,4 +462,4 @@ def verify_postgres(url: str, master_key: bytes, key_file: Path, *, deep: bool =
     for result in results:
         problems.extend(result.problems)
     return VerifyReport(redact_url(url), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
-                        key_count)
+                        key_count, verifier.recoverable)

@@ -257,6 +257,60 @@ def test_offline_backup_restore_and_every_refusal(tmp_path: Path) -> None:
     assert answers(fresh, live[1:]) != expected  # the forget stands: the refused restore changed nothing
 
 
+def write_more(data_dir: Path, texts: list[str], tag: str) -> list[str]:
+    """Admit more records into a stopped store (its journal moves on two events per text)."""
+    engine = open_engine(data_dir)
+    try:
+        out = []
+        for i, text in enumerate(texts):
+            cap = call(engine, "capture", ctx(), capture_args(text, key=f"{tag}-capture-{i:06d}"))
+            adm = call(engine, "request_admission", ctx(),
+                       {"candidate_id": cap["candidate_id"], "idempotency_key": f"{tag}-admit-{i:06d}"})
+            out.append(adm["outcome"]["record_id"])
+        return out
+    finally:
+        engine.close()
+
+
+def test_restore_over_a_store_ahead_of_the_backup_is_refused_unless_forced_and_then_kept_aside(
+        tmp_path: Path) -> None:
+    """Issue 40 §1: a restore never rolls a newer copy back silently, and --force never shreds it."""
+    data_dir, backup = tmp_path / "data", tmp_path / "b.tar"
+    fill(data_dir)
+    ok_json(["backup", "--data-dir", str(data_dir), "--out", str(backup)])
+    cursor = journal_head(data_dir)[0]
+    newer = write_more(data_dir, [f"Written after the backup {MARKER} {i}" for i in range(2)], "after")
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(data_dir), str(copy)], check=True)
+    expected, before = answers(copy, newer), listing(copy)
+    proc = admin(["restore", "--data-dir", str(copy), "--from", str(backup)])
+    refused(proc, 1, "RESTORE_REFUSED: the store at ")
+    assert f"acme/main: 4 event(s) newer than the backup, cursor {cursor + 4} > {cursor}" in proc.stderr
+    assert "--force" in proc.stderr
+    assert listing(copy) == before and answers(copy, newer) == expected  # untouched
+
+    # diverged: an older copy that went on another way is not "behind" the backup either
+    older, older_backup = tmp_path / "older", tmp_path / "older.tar"
+    subprocess.run(["cp", "-a", str(data_dir), str(older)], check=True)
+    ok_json(["backup", "--data-dir", str(data_dir), "--out", str(older_backup)])
+    write_more(data_dir, [f"Newest {MARKER}"], "newest")
+    ok_json(["backup", "--data-dir", str(data_dir), "--out", str(tmp_path / "newest.tar")])
+    ok_json(["restore", "--data-dir", str(older), "--from", str(older_backup)])  # same heads: allowed
+    write_more(older, [f"Another path {MARKER}"], "other-path")
+    proc = admin(["restore", "--data-dir", str(older), "--from", str(tmp_path / "newest.tar")])
+    refused(proc, 1, "RESTORE_REFUSED: ")
+    assert f"journal differs from the backup's at cursor {cursor + 6}" in proc.stderr
+
+    # --force: restored, and the replaced store is kept whole beside it, named in the output
+    forced = admin(["restore", "--data-dir", str(copy), "--from", str(backup), "--force", "--json"])
+    assert forced.returncode == 0, forced.stderr
+    report = json.loads(forced.stdout)
+    kept = Path(report["kept_aside"])
+    assert report["replaced"] is True and kept.parent == copy.parent and str(kept) in forced.stderr
+    assert listing(kept) == before and answers(kept, newer) == expected  # every byte, keys included
+    assert journal_head(copy)[0] == cursor
+
+
 def _replace_member(backup: Path, name: str, data: bytes) -> bytes:
     import io
 

@@ -241,6 +241,25 @@ def test_operator_mistakes_are_one_line(lexical_store: tuple[Path, list[str], di
         assert proc.returncode == 2 and "holds no rank receipt" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_a_receipt_of_another_store_is_named_so(lexical_store: tuple[Path, list[str], dict[str, Any]],
+                                                tmp_path: Path) -> None:
+    """Issue 40 §4: not an unrelated scope and a talk of cursors, but one line saying the receipt's
+    records are not in this store."""
+    _data_dir, _ids, value = lexical_store
+    other = tmp_path / "other"
+    engine = open_lexical(other)
+    try:
+        admit(engine, [f"Another store's journal note {MARKER}"], start=40)
+    finally:
+        engine.close()
+    whole = write(tmp_path / "value.json", value)
+    for extra in ((), ("--scope", SCOPE)):
+        proc = admin(explain_args(other, whole, *extra))
+        assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+        assert proc.stderr == ("engram-memory: error: none of the 4 record(s) the receipt ranks is in this store:"
+                               " it is a receipt of another store (name that store's --data-dir or --store)\n")
+
+
 def tampered(value: dict[str, Any], how: str) -> dict[str, Any]:
     out = copy.deepcopy(value)
     r = out["rank_receipt"]

@@ -436,6 +436,30 @@ def test_backup_of_the_live_store_restores_into_postgres_and_into_duckdb(
         engine.close()
 
 
+def test_restore_over_a_postgres_store_ahead_of_the_backup_names_how_far_ahead(
+        migrated: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 40 §1 on PostgreSQL: the live store went on after the backup; a restore over it is
+    refused naming how far ahead it is (a PostgreSQL store is never replaced: --force is a usage error)."""
+    url, key = migrated["url"], migrated["key"]
+    backup = tmp_path / "b.tar"
+    ok_json(["backup", *pg(url, key), "--out", str(backup)])
+    node = pg_engine(tmp_path / "node", url, key)
+    try:
+        cap = call(node, "capture", ctx(), capture_args(f"After the backup {MARKER}", key="after-capture-000001"))
+        call(node, "request_admission", ctx(),
+             {"candidate_id": cap["candidate_id"], "idempotency_key": "after-admit-0000001"})
+    finally:
+        node.close()
+    before = sql(url, "SELECT count(*), max(cursor) FROM journal")
+    restored_key = tmp_path / "restored.key"
+    proc = admin(["restore", "--from", str(backup), "--store", url, "--master-key-out", str(restored_key)])
+    refused(proc, 1, "RESTORE_REFUSED: the PostgreSQL store is ahead of this backup (acme/main: 2 event(s)"
+            " newer than the backup, cursor 17 > 15)")
+    refused(admin(["restore", "--from", str(backup), "--store", url, "--master-key-out", str(restored_key),
+                   "--force"]), 2, "--force applies to a data dir only")
+    assert not restored_key.exists() and sql(url, "SELECT count(*), max(cursor) FROM journal") == before
+
+
 def test_verify_and_backup_see_one_consistent_snapshot_while_a_node_writes(tmp_path: Path, pg_database: str) -> None:
     """A node keeps capturing, admitting and forgetting while verify and backup run: each reads one
     snapshot, so neither reports (nor archives) a half of any mutation."""

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +266,7 @@ def test_export_and_import_refuse_a_data_dir_a_server_holds(tmp_path: Path) -> N
     engine = engine_on(DUCKDB, where)
     try:
         fill(engine)
-        out.write_text('{"format": "engram-memory-export", "version": 1}\n')
+        out.write_text('{"format": "engram-memory-export", "version": 1, "scope": "acme/main", "records": 0}\n')
         for args in (["export", "--out", str(tmp_path / "new.jsonl")], ["import", "--from", str(out)]):
             refused(cli([*args, "--scope", SCOPE, "--data-dir", str(where)]), 1, "STORE_BUSY: data dir")
     finally:
@@ -301,3 +305,216 @@ async def test_an_imported_graph_is_what_an_agent_finds_through_the_server(
         assert got["ok"], got
         secret = await mcp.call("search", search_args("database password"))
         assert secret["ok"] and PASSWORD not in json.dumps(secret)
+
+
+# ---- hostile and ordinary files (issue 40 §2) ---------------------------------------------------
+
+# Every character str.splitlines() breaks a line on but JSON does not, and one character of each
+# plane that has any (0, 1, 2, 3, 14, 15, 16; 4-13 are unassigned but still pass through).
+SEPARATORS = ["\u2028", "\u2029", "\u0085", "\x1c", "\x1d", "\x1e"]
+PLANES = ["\u00e9", "\U0001F600", "\U00020000", "\U00030000", "\U00040000", "\U000D0000", "\U000E0041",
+          "\U000F0000", "\U0010FFFD"]
+ODD = [f"Line separator {c!r} between two halves{c}of one note" for c in SEPARATORS] + \
+    [f"Plane {ord(c) >> 16} character {c} kept whole" for c in PLANES]
+
+
+def test_every_line_separator_and_every_plane_round_trip(backend: Backend, other: Backend, tmp_path: Path) -> None:
+    """An export holding U+2028, U+2029, U+0085 (and the other characters splitlines() breaks on)
+    and a character of every plane imports back whole; so does a memory graph holding them."""
+    source, target = tmp_path / "source", tmp_path / "target"
+    engine = engine_on(backend, source)
+    try:
+        for i, text in enumerate(ODD):
+            cap = call(engine, "capture", ctx(), capture_args(text, key=f"odd-capture-{i:06d}"))
+            call(engine, "request_admission", ctx(), {"candidate_id": cap["candidate_id"],
+                                                      "idempotency_key": f"odd-admit-{i:07d}"})
+    finally:
+        engine.close()
+    out = tmp_path / "odd.jsonl"
+    cli_json(["export", "--scope", SCOPE, "--out", str(out), *store_args(backend, source)])
+    assert "\u2028".encode() in out.read_bytes()  # raw in the file: only "\n" ends a line
+    report = cli_json(["import", "--scope", SCOPE, "--from", str(out), *store_args(other, target)])
+    assert report["counts"]["imported"] == len(ODD) and report["counts"]["invalid"] == 0, report
+    exported = [json.loads(line) for line in out.read_bytes().split(b"\n")[1:] if line]
+    assert [r["payload"]["components"][0]["text"] for r in exported] == ODD
+
+    graph = tmp_path / "memory.json"
+    graph.write_text("".join(json.dumps({"type": "entity", "name": f"Note {i}", "entityType": "odd",
+                                         "observations": [text]}, ensure_ascii=False) + "\n"
+                             for i, text in enumerate(ODD)), encoding="utf-8")
+    report = cli_json(["import", "--scope", "acme/graph", "--from", str(graph), *store_args(other, target)])
+    assert report["counts"]["imported"] == len(ODD) and report["counts"]["invalid"] == 0, report
+
+
+def test_a_truncated_or_edited_export_is_refused_whole_unless_allow_partial(
+        backend: Backend, other: Backend, tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    engine = engine_on(backend, source)
+    try:
+        fill(engine)
+    finally:
+        engine.close()
+    out = tmp_path / "scope.jsonl"
+    cli_json(["export", "--scope", SCOPE, "--out", str(out), *store_args(backend, source)])
+    lines = out.read_bytes().split(b"\n")[:-1]
+    truncated, edited = tmp_path / "truncated.jsonl", tmp_path / "edited.jsonl"
+    truncated.write_bytes(b"\n".join(lines[:3]) + b"\n")
+    record = json.loads(lines[3])
+    record["payload"]["components"][0]["text"] = "The billing service moved to Go in April"
+    edited.write_bytes(b"\n".join([*lines[:3], json.dumps(record).encode(), *lines[4:]]) + b"\n")
+    refused(cli(["import", "--scope", SCOPE, "--from", str(truncated), *store_args(other, target)]), 2,
+            f"{truncated}: the header says 5 record(s), the file holds 2 (truncated?); nothing imported")
+    refused(cli(["import", "--scope", SCOPE, "--from", str(edited), *store_args(other, target)]), 2,
+            f"{edited} line 4 ({record['record_id']}): the payload does not match its payload_digest")
+    if other.store is None:
+        assert not target.exists()  # refused before a store was created
+    # --allow-partial: what checks is imported, the rest reported
+    proc = cli(["import", "--scope", SCOPE, "--from", str(truncated), "--allow-partial", "--json",
+                *store_args(other, target)])
+    assert proc.returncode == 0 and "the header says 5 record(s), the file holds 2" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["counts"]["imported"] == 2
+    report = cli_json(["import", "--scope", SCOPE, "--from", str(edited), "--allow-partial",
+                       *store_args(other, target)])
+    assert report["counts"] == {"items": 5, "imported": 2, "already_present": 2, "rejected": 0,
+                                "pending_adjudication": 0, "invalid": 1}
+    assert report["invalid"] == [{"item": f"line 4 ({record['record_id']})",
+                                  "reason": "DIGEST_MISMATCH: the payload does not match its payload_digest"}]
+
+
+def test_pretty_printed_graph_bom_and_unpaired_surrogates(tmp_path: Path) -> None:
+    where = tmp_path / "store"
+    pretty = tmp_path / "graph.json"  # as the reference server's read_graph answers, saved by a Windows editor
+    whole = {"entities": [{k: v for k, v in e.items() if k != "type"} for e in GRAPH[:3]],
+             "relations": [{k: v for k, v in r.items() if k != "type"} for r in GRAPH[3:]]}
+    pretty.write_bytes(b"\xef\xbb\xbf" + json.dumps(whole, indent=2).replace("\n", "\r\n").encode())
+    report = cli_json(["import", "--scope", "acme/graph", "--from", str(pretty), "--data-dir", str(where)])
+    assert report["format"] == "mcp-memory-graph" and report["counts"]["imported"] == 7, report
+    lines = tmp_path / "memory.jsonl"
+    lines.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(item).encode() + b"\r\n" for item in GRAPH))
+    again = cli_json(["import", "--scope", "acme/graph", "--from", str(lines), "--data-dir", str(where)])
+    assert again["counts"]["already_present"] == 7 and again["store_changed"] is False
+
+    # an unpaired surrogate (a JSON escape) is an invalid item on either format, never a traceback
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"type": "entity", "name": "Bad \\ud800 name", "entityType": "x", "observations": ["a"]}\n'
+                    '{"type": "entity", "name": "Good name", "entityType": "x",'
+                    ' "observations": ["fine \\ud83d\\ude00"]}\n')
+    proc = cli(["import", "--scope", "acme/graph", "--from", str(lone), "--data-dir", str(where), "--json"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["counts"]["imported"] == 1 and report["invalid"] == [
+        {"item": "line 1 entity 'Bad \\ud800 name' observation 1",
+         "reason": "INVALID_SCHEMA: text holds an unpaired surrogate (not valid Unicode)"}]
+    out = tmp_path / "export.jsonl"
+    cli_json(["export", "--scope", "acme/graph", "--out", str(out), "--data-dir", str(where)])
+    head, first, *rest = out.read_text().split("\n")
+    bad = json.loads(first)
+    bad["payload"]["components"][0]["text"] = "Bad \ud800 text"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([head, json.dumps(bad), *rest]))
+    proc = cli(["import", "--scope", "acme/copy", "--from", str(broken), "--data-dir", str(where), "--json"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["invalid"][0]["reason"] == report["invalid"][0]["reason"]
+    # imported into another scope than the export's: said, on stderr and in the report
+    assert "was exported from scope acme/graph; its records are imported into acme/copy" in proc.stderr
+    assert json.loads(proc.stdout)["notes"] == [f"{broken} was exported from scope acme/graph; its records are"
+                                                " imported into acme/copy"]
+
+
+def test_import_and_restore_read_regular_files_only(tmp_path: Path) -> None:
+    """/dev/zero, a FIFO, a directory, a line over the cap: one line each, at once, nothing created."""
+    where = tmp_path / "store"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.jsonl"
+    with huge.open("wb") as fh:
+        fh.write(b'{"type": "entity", "name": "' + b"x" * (5 * 1024 * 1024) + b'"}\n')
+    for path, start in ((Path("/dev/zero"), "/dev/zero is not a regular file"),
+                        (fifo, f"{fifo} is not a regular file"),
+                        (tmp_path, f"{tmp_path} is a directory"),
+                        (huge, f"{huge} line 1 is longer than 4 MiB")):
+        proc = admin(["import", "--scope", SCOPE, "--from", str(path), "--data-dir", str(where)], timeout=30)
+        refused(proc, 2, start)
+    assert not where.exists()
+    for args, start in ((["--from", str(tmp_path)], f"--from {tmp_path} is a directory, not a backup file"),
+                        (["--from", str(huge), "--key", str(tmp_path)], f"--key {tmp_path} is a directory"),
+                        (["--from", str(fifo)], f"--from {fifo} is not a regular file")):
+        refused(admin(["restore", "--data-dir", str(tmp_path / "r"), *args], timeout=30), 2, start)
+
+
+# ---- interruption and progress (issue 40 §3) ----------------------------------------------------
+
+
+def _import_until_progress(graph: Path, where: Path, scope: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start an import (stderr a pipe, not a terminal) and read its stderr until it has imported some items."""
+    proc = subprocess.Popen([sys.executable, "-m", "engram_memory.server.cli", "admin", "import", "--scope", scope,
+                             "--from", str(graph), "--data-dir", str(where)],
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("engram-memory: importing: ") and not line.startswith("engram-memory: importing: 0/"):
+            return proc, seen
+    raise AssertionError(("".join(seen), proc.wait()))
+
+
+def test_sigint_says_how_far_and_sigkill_is_recoverable_then_the_same_command_finishes(tmp_path: Path) -> None:
+    graph, where = tmp_path / "memory.jsonl", tmp_path / "store"
+    total = 600
+    graph.write_text("".join(json.dumps({"type": "entity", "name": f"Entity {e}", "entityType": "note",
+                                         "observations": [f"Observation {e}-{k} about ledger {e * 10 + k}"
+                                                          for k in range(10)]}) + "\n"
+                             for e in range(total // 10)))
+    # SIGINT: one line saying how far it got and what to do, exit 130
+    proc, seen = _import_until_progress(graph, where, SCOPE)
+    assert seen[:3] == [f"engram-memory: reading {graph}\n",
+                        f"engram-memory: read {total} item(s) (mcp-memory-graph)\n",
+                        f"engram-memory: importing: 0/{total} item(s)\n"], seen
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and out == "" and "Traceback" not in err, (proc.returncode, err)
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"engram-memory: interrupted after \d+ item\(s\) of {total}; run the same command again"
+                        " to finish", last), last
+    # SIGKILL: verify says either ok or that what is left is the recoverable kind, and what repairs it
+    proc, _seen = _import_until_progress(graph, where, SCOPE)
+    proc.kill()
+    proc.communicate(timeout=60)
+    check = admin(["verify", "--data-dir", str(where), "--json"])
+    report = json.loads(check.stdout)
+    if not report["ok"]:
+        assert check.returncode == 1 and report["recoverable"] is True, check.stdout
+        assert "the next open repairs it" in check.stderr, check.stderr
+    # the same command finishes, without duplicates, and shows every phase as plain lines
+    done = cli(["import", "--scope", SCOPE, "--from", str(graph), "--data-dir", str(where), "--json"])
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)["counts"]
+    assert counts["imported"] + counts["already_present"] == total and counts["invalid"] == 0, counts
+    phases = [line.split(":")[1].strip().split(" ")[0] for line in done.stderr.splitlines()]
+    assert phases[:3] == ["reading", "read", "importing"] and phases[-2:] == ["indexing", "done"], done.stderr
+    assert f"engram-memory: importing: {total}/{total} item(s)" in done.stderr
+    ok_json(["verify", "--data-dir", str(where)])
+    exported = cli_json(["export", "--scope", SCOPE, "--out", str(tmp_path / "all.jsonl"), "--data-dir", str(where)])
+    assert exported["records"] == total  # each observation once
+
+
+def test_verify_names_an_orphan_key_as_recoverable_and_the_next_open_repairs_it(tmp_path: Path) -> None:
+    from engram_memory.store.crypto import KeyStore
+
+    where = tmp_path / "store"
+    engine = engine_on(DUCKDB, where)
+    try:
+        fill(engine)
+    finally:
+        engine.close()
+    KeyStore(where).create()  # what a write killed between its key file and its commit leaves
+    proc = admin(["verify", "--data-dir", str(where)])
+    assert proc.returncode == 1 and "data keys referenced by no candidate or record" in proc.stdout
+    assert proc.stderr.startswith(f"engram-memory: error: STORE_INCONSISTENT: the store at {where} does not verify"
+                                  " (1 problem(s)); all of the recoverable kind an interrupted write (a crash, a"
+                                  " kill) leaves, nothing lost: the next open repairs it"), proc.stderr
+    assert json.loads(admin(["verify", "--data-dir", str(where), "--json"]).stdout)["recoverable"] is True
+    engine_on(DUCKDB, where).close()  # the next open
+    assert ok_json(["verify", "--data-dir", str(where)])["ok"] is True

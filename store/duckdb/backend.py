@@ -10,7 +10,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -588,10 +588,12 @@ class DuckDBUnitOfWork:
 
 @dataclass(frozen=True)
 class StoppedStore:
-    """What a restore checks of a stopped store: its identity and where it journalled forgets."""
+    """What a restore checks of a stopped store: its identity, where it journalled forgets, and
+    each scope's journal head (high_water, last_event_hash)."""
 
     store_id: str | None
     tombstones: list[tuple[str, int]]
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def inspect_stopped(data_dir: Path) -> StoppedStore:
@@ -608,8 +610,23 @@ def inspect_stopped(data_dir: Path) -> StoppedStore:
         tombstones = [(scope, int(cursor)) for scope, cursor in con.execute(
             "SELECT scope_ref, cursor FROM journal WHERE operation = 'tombstone'"
         ).fetchall()]
+        heads = {str(scope): (int(hw), str(h)) for scope, hw, h in con.execute(
+            "SELECT scope_ref, high_water, last_event_hash FROM scopes ORDER BY scope_ref").fetchall()}
     except duckdb.Error:
         raise StoreError(f"{data_dir} holds an unreadable store") from None
     finally:
         con.close()
-    return StoppedStore(str(row[0]) if row else None, tombstones)
+    return StoppedStore(str(row[0]) if row else None, tombstones, heads)
+
+
+def journal_hashes(data_dir: Path, at: dict[str, int]) -> dict[str, str]:
+    """The event_hash of each scope's journal event at the given cursor (absent: no such event);
+    read-only, of a stopped store."""
+    con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
+    try:
+        return {str(scope): str(h) for scope, h in con.execute(
+            "SELECT j.scope_ref, j.event_hash FROM journal j JOIN (SELECT unnest(?::VARCHAR[]) AS s,"
+            " unnest(?::UBIGINT[]) AS c) w ON j.scope_ref = w.s AND j.cursor = w.c",
+            [list(at), list(at.values())]).fetchall()}
+    finally:
+        con.close()
