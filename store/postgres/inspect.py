@@ -93,7 +93,8 @@ class PostgresInspector:
     def referenced_keys(self) -> set[str]:
         return {r[0] for r in self.all(
             "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
-            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")}
+            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
+            " UNION SELECT key_ref FROM approvals WHERE key_ref IS NOT NULL")}
 
     def listed_scopes(self) -> set[str]:
         return {r[0] for r in self.all("SELECT scope_ref FROM scopes")}
