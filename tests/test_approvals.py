@@ -130,3 +130,26 @@ async def test_the_host_may_turn_the_queue_off(start_server, data_dir_factory, o
         err = await mcp.call_error("forget", forget_args(record_id))
         assert (err.code, err.message) == (-32603, "Trusted invocation context unavailable")
         assert await pending(["--data-dir", str(data_dir)], offline_env) == []
+
+
+async def test_a_relayed_launch_without_elicitation_is_queued_at_the_owner(start_server, data_dir_factory,
+                                                                         offline_env) -> None:
+    """A second launch on the data dir relays to the owner: its client's forget is parked there, bound
+    to the relaying host's context, and one scope's request never shows under another scope."""
+    from tests.test_local_hosts import A, C
+
+    data_dir = data_dir_factory("relay") / "data"
+    loc = ["--data-dir", str(data_dir)]
+    async with start_server(data_dir, context=A, human=None, extra=LEXICAL_ONLY) as owner, \
+            start_server(data_dir, context=C, human=None, extra=LEXICAL_ONLY) as relay:
+        _, mine = await capture_and_admit(relay, "Relayed hosts keep their own scope.")
+        args = forget_args(mine)
+        assert (await relay.call("forget", args))["error"]["code"] == "gate_failed"
+        [request] = await pending(loc, offline_env)
+        assert (request["agent_id"], request["principal"], request["target"]) == (C["agent_id"], C["principal"], mine)
+        assert await pending(loc, offline_env, "--scope", f"{A['tenant']}/{A['workspace']}") == []
+        await run_ok(["approve", "--request", request["request_id"], "--reason", REASON, *loc], offline_env)
+        retried = await relay.call("forget", args)
+        assert retried["ok"] and retried["output"]["value"]["replayed"] is True, retried
+        assert (await relay.call("get", get_args(mine)))["error"]["code"] == "NOT_FOUND"
+        assert (await owner.call("search", search_args("relayed")))["ok"]
