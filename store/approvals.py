@@ -222,7 +222,8 @@ def pending(engine: Any, scope_ref: str | None, now: int) -> list[dict[str, Any]
 
 
 def find(engine: Any, request_id: str) -> ParkedRequest | None:
-    row = engine.db.approval_get(request_id)
+    with engine._rw.write():  # the store's main connection: one thread at a time
+        row = engine.db.approval_get(request_id)
     return None if row is None else ParkedRequest.of(row)
 
 
@@ -261,11 +262,12 @@ def decide(engine: Any, request_id: str, approve: bool, reason: str, now: int,
             raise AdminRefusal(NOT_PENDING, f"request {request_id} was decided meanwhile")
         _destroy(engine, request)
         _audit(engine, request, "approval_" + status, ok=True)
-    outcome: str | None = None
-    if arguments is not None:
+    if arguments is not None:  # outside the lock: a shared store's forget awaits the other nodes unlocked
         outcome = _execute(engine, request, arguments)
-        engine.db.approval_outcome(request_id, outcome)
-    decided = ParkedRequest.of(engine.db.approval_get(request_id) or request.row())
+        with engine._rw.write():
+            engine.db.approval_outcome(request_id, outcome)
+    with engine._rw.write():
+        decided = ParkedRequest.of(engine.db.approval_get(request_id) or request.row())
     return decided.summary(now)
 
 

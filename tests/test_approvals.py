@@ -100,6 +100,9 @@ async def test_forget_approved_denied_and_expired_by_the_operator(start_server, 
         assert record_ids(await mcp.call("search", search_args("lanterns"))) == [kept]
         refused(await run(["approve", "--request", request["request_id"], "--reason", REASON, *loc], offline_env),
                 1, "NOT_PENDING: ")
+    # The store still verifies: every data key a row references exists, the destroyed ones are gone.
+    report = await run_ok(["verify", *loc], offline_env)
+    assert report["ok"] is True and report["problems"] == [], report
 
 
 async def test_an_undecided_request_expires(start_server, data_dir_factory, backend, offline_env) -> None:
