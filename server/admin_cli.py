@@ -795,4 +795,4 @@ def migrate_cmd(
 
 # Commands in their own modules register on admin_app when imported (after everything above):
 # admin explain, check-receipt; export, import; dispute, resolve, supersede, revoke-trust, rewind.
-from engram_memory.server import admin_explain, admin_lifecycle, admin_transfer  # noqa: E402,F401
+from engram_memory.server import admin_approvals, admin_explain, admin_lifecycle, admin_transfer  # noqa: E402,F401

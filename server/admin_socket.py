@@ -1,5 +1,6 @@
-"""The host-only requests the owner of a data dir answers on its socket: an online backup, and
-the host lifecycle operations (dispute, resolve, supersede, revoke trust, rewind).
+"""The host-only requests the owner of a data dir answers on its socket: an online backup, the
+host lifecycle operations (dispute, resolve, supersede, revoke trust, rewind), and the operator's
+decisions on requests awaiting approval (store/approvals.py: list, approve, deny).
 
 Not MCP tools and not on any TCP listener: the routes exist only on ``DATA_DIR/engram.sock``
 (mode 0600, owner-only directory), behind the same bearer check as the socket's /mcp, whose
@@ -26,6 +27,7 @@ from starlette.routing import Route
 
 BACKUP_PATH = "/admin/backup"
 HOSTOP_PATH = "/admin/hostop"
+APPROVALS_PATH = "/admin/approvals"
 # How the owner answers a host operation it did not apply (the CLI maps them back).
 REFUSED_STATUS, USAGE_STATUS = 409, 422
 
@@ -72,7 +74,43 @@ def admin_routes(engine: Any) -> list[Route]:
             return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
         return JSONResponse(result)
 
-    return [Route(BACKUP_PATH, backup, methods=["POST"]), Route(HOSTOP_PATH, hostop, methods=["POST"])]
+    async def approvals(request: Request) -> Response:
+        from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            return PlainTextResponse("bad request\n", status_code=400)
+        try:
+            result = await anyio.to_thread.run_sync(approval_request, engine, body)
+        except AdminRefusal as exc:
+            return JSONResponse({"code": exc.code, "message": str(exc)}, status_code=REFUSED_STATUS)
+        except AdminUsageError as exc:
+            return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
+        return JSONResponse(result)
+
+    return [Route(BACKUP_PATH, backup, methods=["POST"]), Route(HOSTOP_PATH, hostop, methods=["POST"]),
+            Route(APPROVALS_PATH, approvals, methods=["POST"])]
+
+
+def approval_request(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """``{"action": "list", "scope_ref"?}`` or ``{"action": "approve"|"deny", "request_id", "reason"}``
+    on an open engine: the owner's (through its socket), or one the command opened itself."""
+    from engram_memory.store import approvals
+    from engram_memory.store.refusals import AdminUsageError
+
+    action = body.get("action")
+    scope_ref = body.get("scope_ref")
+    if scope_ref is not None and not isinstance(scope_ref, str):
+        raise AdminUsageError("scope_ref must be a string")
+    if action == "list":
+        return {"requests": approvals.pending(engine, scope_ref, engine.clock())}
+    request_id, reason = body.get("request_id"), body.get("reason")
+    if action not in ("approve", "deny") or not isinstance(request_id, str) or not isinstance(reason, str):
+        raise AdminUsageError("an approval request names an action, a request id and a reason")
+    return approvals.decide(engine, request_id, action == "approve", reason, engine.clock(), scope_ref)
 
 
 def _unlink(path: Path) -> None:
@@ -99,16 +137,17 @@ def _owner_client(data_dir: Path) -> Any:
                          timeout=httpx2.Timeout(30, read=600))
 
 
-def request_hostop(data_dir: Path, operation: dict[str, Any]) -> dict[str, Any]:
-    """Ask the owner of ``data_dir`` to apply a host operation; its answer, or the refusal
-    (AdminRefusal) or mistake (AdminUsageError) it answered."""
+def request_hostop(data_dir: Path, operation: dict[str, Any], path: str = HOSTOP_PATH) -> dict[str, Any]:
+    """Ask the owner of ``data_dir`` to apply a host operation (or, on ``APPROVALS_PATH``, an
+    approval request); its answer, or the refusal (AdminRefusal) or mistake (AdminUsageError) it
+    answered."""
     import httpx2
 
     from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 
     try:
         with _owner_client(data_dir) as client:
-            response = client.post("http://localhost" + HOSTOP_PATH, json=operation)
+            response = client.post("http://localhost" + path, json=operation)
     except httpx2.TransportError as exc:
         raise OwnerUnreachable(f"its socket does not answer ({type(exc).__name__})") from None
     try:

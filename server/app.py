@@ -25,7 +25,7 @@ from engram_memory.server.admin_socket import admin_routes
 from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder, wording
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
-from engram_memory.server.gate import ConfirmationGate
+from engram_memory.server.gate import ConfirmationGate, confirmation_gate
 from engram_memory.server.http import http_url, signed_http_app
 from engram_memory.server.local import bind_socket, ensure_local_key, local_ring, serve_socket, socket_path
 from engram_memory.server.ratelimit import RateLimiter
@@ -95,7 +95,7 @@ def tool_input_schema(name: str) -> dict[str, Any] | None:
 def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: ConfirmationGate | None = None) -> Dispatcher:
     """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
     enabled = cfg.memory_enabled and engine is not None
-    gate = gate or ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
+    gate = gate or confirmation_gate(cfg)
     binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate, wording(cfg))
     return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
 

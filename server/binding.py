@@ -30,6 +30,7 @@ from engram_memory.models.errors import context_unavailable
 from engram_memory.models.hostauth import (
     CONFIRMATION_META_KEY,
     CONTEXT_META_KEY,
+    OPERATOR_APPROVAL_META_KEY,
     ConfirmationClaims,
     ContextClaims,
     ReplayCache,
@@ -40,10 +41,10 @@ from engram_memory.models.hostauth import (
     read_token,
     verify,
 )
-from engram_memory.models.limits import TURN_TYPES
+from engram_memory.models.limits import CONFIRM_TTL_S, TURN_TYPES
 from engram_memory.models.settings import EngineSettings
 from engram_memory.server.config import ConfigError
-from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
+from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed, OperatorApproval
 from engram_memory.server.hostkeys import HostKeys, load_host_keys
 from engram_memory.server.tools import ToolRegistry
 from engram_memory.store.backend import ReplayGuard
@@ -196,6 +197,10 @@ class SignedBinder:
     ) -> Approval | types.InputRequiredResult:
         raw = (params.meta or {}).get(CONFIRMATION_META_KEY)
         if raw is None:
+            queued = (params.meta or {}).get(OPERATOR_APPROVAL_META_KEY)
+            if isinstance(queued, int | float) and not isinstance(queued, bool) and queued > 0:
+                # The host (e.g. a stdio relay whose client cannot elicit) asks the operator's queue.
+                raise OperatorApproval(min(float(queued), float(CONFIRM_TTL_S)))
             raise context_unavailable()  # a confirmation reference is missing: protocol error
         try:
             token, kid = read_token(raw)

@@ -119,6 +119,7 @@ def serve(
     consented_families: Annotated[str | None, _opt("consented_families", "--consented-families")] = None,
     redacted_fields: Annotated[str | None, _opt("redacted_fields", "--redacted-fields")] = None,
     confirm_ttl_seconds: Annotated[float | None, _opt("confirm_ttl_seconds", "--confirm-ttl-seconds")] = None,
+    confirm_fallback: Annotated[str | None, _opt("confirm_fallback", "--confirm-fallback")] = None,
     http: Annotated[str | None, _opt("http")] = None,
     host_keys: Annotated[Path | None, _opt("host_keys", "--host-keys")] = None,
     allow_remote: Annotated[bool | None, _opt("allow_remote", "--allow-remote/--no-allow-remote")] = None,

@@ -117,6 +117,11 @@ class ServeSettings(BaseSettings, EngineSettings):
     confirm_ttl_seconds: float = Field(
         default=MAX_CONFIRM_TTL_S, description=f"How long a confirmation may wait (<= {CONFIRM_TTL_S})."
     )
+    confirm_fallback: Literal["queue", "off"] = Field(
+        default="queue",
+        description="A client without elicitation: queue its confirmations for the operator (admin approve/deny,"
+        " the console), or off (refused, -32603).",
+    )
     http: str | None = Field(
         default=None,
         description=f"Serve streamable HTTP at HOST:PORT/mcp (e.g. {DEFAULT_HTTP}) with per-call signed"

@@ -2,7 +2,8 @@
 
 bound context (-32603; signed per call over HTTP) -> unknown or ungranted tool (-32602)
 -> bound purpose (-32603) -> rate limit (RATE_LIMITED) -> deadline (DEADLINE_EXCEEDED)
--> schema (INVALID_SCHEMA) -> confirmation (gate_failed / -32603) -> engine, in a worker
+-> schema (INVALID_SCHEMA) -> confirmation (gate_failed / -32603; a client that cannot elicit:
+the operator's queue, store/approvals.py) -> engine, in a worker
 thread -> envelope.
 
 Cancellation: a read is abandoned at once; a mutation that reached the engine runs to its
@@ -17,10 +18,8 @@ a catalog code and its traceback goes to stderr only.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,13 +31,14 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.canonical import CanonicalizationError, nfc
-from engram_memory.models.envelope import failure, success
+from engram_memory.models.envelope import failure, new_audit_id, success
 from engram_memory.models.errors import EngramError, ErrorCode, ProtocolError, context_unavailable, unknown_tool
 from engram_memory.models.tools import parse_input, to_plain
 from engram_memory.server.binding import Binding, LaunchBinder, SignedBinder
-from engram_memory.server.gate import Approval, GateFailed
+from engram_memory.server.gate import Approval, GateFailed, OperatorApproval
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.tools import MUTATING
+from engram_memory.store.approvals import admit_or_park
 from engram_memory.store.backend import is_store_error
 from engram_memory.store.engine import AuditEvent, Engine
 
@@ -51,11 +51,6 @@ _PURPOSE_PATH: dict[str, tuple[str, ...]] = {
     "get": ("purpose_ref",),
     "capture": ("payload", "purpose_ref"),
 }
-
-
-def new_audit_id() -> str:
-    """"aud_" + 26 lowercase base32 characters (128 random bits)."""
-    return "aud_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
 
 
 def envelope_result(envelope: dict[str, Any]) -> types.CallToolResult:
@@ -160,7 +155,13 @@ class Dispatcher:
             if tool in binding.confirm and preapproved is not None:
                 approval: Approval | None = preapproved
             elif tool in binding.confirm:
-                decision = await self.binder.confirm(rctx, params, tool, arguments, binding)
+                try:
+                    decision = await self.binder.confirm(rctx, params, tool, arguments, binding)
+                except OperatorApproval as queued:
+                    # No human to ask here: the operator's queue answers (gate_failed until approved;
+                    # once approved, the engine below replays the answer the approval produced).
+                    await anyio.to_thread.run_sync(admit_or_park, engine, host, tool, model, queued.ttl_s)
+                    decision = None
                 if isinstance(decision, types.InputRequiredResult):
                     return decision  # the 2026-era client retries with the human's answer
                 approval = decision

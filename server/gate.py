@@ -12,8 +12,10 @@ withdraw and forget are always gated; capture and request_admission when the hos
 
 Only ``accept`` with ``{"confirm": true}`` releases the gate. Decline, cancel,
 ``confirm`` false, an error answer or no answer within the TTL is ``gate_failed``. A
-client that did not declare form elicitation cannot confirm at all: that is a missing
-confirmation reference, the protocol error -32603. An approval must be used within 30 s.
+client that did not declare form elicitation cannot confirm here: its call waits in the
+operator's queue (store/approvals.py; the agent is answered gate_failed and retries with the same
+idempotency key), or, with ``confirm_fallback = "off"``, it is a missing confirmation reference,
+the protocol error -32603. An approval must be used within 30 s.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from engram_memory.models.context import ALWAYS_CONFIRMED, TOOL_PREFIX, HostCont
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.errors import context_unavailable
 from engram_memory.models.limits import CONFIRM_TTL_S, EXECUTION_WINDOW_S, SECOND_MS
+from engram_memory.server.config import ServeSettings
 
 # The engine call must start within EXECUTION_WINDOW_S of the approval (models/limits.py).
 INPUT_KEY = "confirm"
@@ -69,6 +72,15 @@ _ACTIONS: dict[str, str] = {
 
 class GateFailed(Exception):
     """The confirmation gate was not satisfied (envelope code gate_failed). Text: audit only."""
+
+
+class OperatorApproval(Exception):  # noqa: N818 - an outcome of the gate, not an error
+    """The client cannot ask its human: the call goes to the operator's queue (store/approvals.py),
+    whose answer (approved, or gate_failed) the dispatcher gives. ``ttl_s``: how long it waits."""
+
+    def __init__(self, ttl_s: float) -> None:
+        super().__init__("no elicitation: the operator decides")
+        self.ttl_s = ttl_s
 
 
 @dataclass(frozen=True)
@@ -142,8 +154,11 @@ class ConfirmationGate:
         ttl_s: float = CONFIRM_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        queue: bool = False,
     ) -> None:
         self.gated = ALWAYS_CONFIRMED | confirm
+        # A client without elicitation: its calls go to the operator's queue (True), or -32603.
+        self.queue = queue
         self.ttl_s = float(min(ttl_s, CONFIRM_TTL_S))
         self.clock = clock
         self._wall_ms = wall_ms
@@ -162,8 +177,11 @@ class ConfirmationGate:
         arguments: Mapping[str, Any],
         host: HostContext,
     ) -> Approval | types.InputRequiredResult:
-        """Approval, or an InputRequiredResult to hand back (2026 era). Raises GateFailed / ProtocolError."""
+        """Approval, or an InputRequiredResult to hand back (2026 era). Raises GateFailed / ProtocolError,
+        or OperatorApproval for a client that cannot elicit when the host queues its calls."""
         if not can_form_elicit(rctx.session.client_capabilities):
+            if self.queue:
+                raise OperatorApproval(self.ttl_s)
             raise context_unavailable()
         request = types.ElicitRequest(
             params=types.ElicitRequestFormParams(
@@ -247,3 +265,9 @@ class ConfirmationGate:
         if not isinstance(claims, dict) or claims.get("v") != 1:
             raise GateFailed("request_state version")
         return claims
+
+
+def confirmation_gate(cfg: ServeSettings) -> ConfirmationGate:
+    """A stdio launch's gate: its confirm set, its TTL, and what a client without elicitation gets."""
+    return ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds,
+                            queue=cfg.confirm_fallback == "queue")

@@ -36,7 +36,7 @@ from engram_memory.models.errors import (
     ProtocolError,
     unknown_tool,
 )
-from engram_memory.models.hostauth import CONFIRMATION_META_KEY, CONTEXT_META_KEY
+from engram_memory.models.hostauth import CONFIRMATION_META_KEY, CONTEXT_META_KEY, OPERATOR_APPROVAL_META_KEY
 from engram_memory.models.tools import parse_input
 from engram_memory.server.binding import registry_for, wording
 from engram_memory.server.config import ServeConfig
@@ -47,7 +47,7 @@ from engram_memory.server.dispatch import (
     new_audit_id,
     to_mcp_error,
 )
-from engram_memory.server.gate import Approval, ConfirmationGate, GateFailed
+from engram_memory.server.gate import Approval, GateFailed, OperatorApproval, confirmation_gate
 from engram_memory.server.local import LocalKey, connect_owner, read_local_key
 from engram_memory.server.tools import MUTATING
 from engram_memory.store.backend import StoreBusyError
@@ -82,7 +82,7 @@ class StdioFront:
         self.tg = tg
         self.owner_services = owner_services  # async (engine, task_status) -> serves the owner socket
         self.host = replace(cfg.host_context(), session=relay_session())
-        self.gate = ConfirmationGate(frozenset(cfg.confirm), ttl_s=cfg.confirm_ttl_seconds)
+        self.gate = confirmation_gate(cfg)
         self.confirm = frozenset(self.gate.gated)
         self.registry = registry_for(frozenset(cfg.tools), self.confirm, wording(cfg))
         self.engine: Engine | None = None
@@ -212,6 +212,7 @@ class StdioFront:
         except ProtocolError as exc:
             raise to_mcp_error(exc) from None
         approval: Approval | None = None
+        queued = False
         if tool in self.confirm and _valid(tool, arguments):
             # The human behind THIS host approves; an invalid call goes on unconfirmed and the
             # owner answers INVALID_SCHEMA (schema precedes the gate).
@@ -222,10 +223,12 @@ class StdioFront:
                 return envelope_result(failure(ErrorCode.GATE_FAILED, new_audit_id()))
             except ProtocolError as exc:
                 raise to_mcp_error(exc) from None
+            except OperatorApproval:
+                decision, queued = None, True  # the owner parks it in the operator's queue
             if isinstance(decision, types.InputRequiredResult):
                 return decision
             approval = decision
-        return await self._forward(rctx, params, tool, arguments, approval)
+        return await self._forward(rctx, params, tool, arguments, approval, queued)
 
     async def _forward(
         self,
@@ -234,6 +237,7 @@ class StdioFront:
         tool: str,
         arguments: dict[str, Any],
         approval: Approval | None,
+        queued: bool = False,
     ) -> types.CallToolResult:
         deadline = time.monotonic() + TAKEOVER_S
         while True:
@@ -247,7 +251,7 @@ class StdioFront:
                 try:
                     if approval is not None:
                         approval.ensure_fresh(self.gate.clock())
-                    meta = self._meta(key, tool, arguments, approval)
+                    meta = self._meta(key, tool, arguments, approval, queued)
                     with anyio.fail_after(TAKEOVER_S):
                         result = await client.call_tool(params.name, arguments, meta=meta)
                     if isinstance(result, types.CallToolResult):
@@ -269,13 +273,16 @@ class StdioFront:
             except OwnerUnavailable:
                 continue
 
-    def _meta(self, key: LocalKey, tool: str, arguments: dict[str, Any], approval: Approval | None) -> dict[str, Any]:
+    def _meta(self, key: LocalKey, tool: str, arguments: dict[str, Any], approval: Approval | None,
+              queued: bool = False) -> dict[str, Any]:
         confirm = sorted(self.confirm - {"withdraw", "forget"})
         meta: dict[str, Any] = {
             CONTEXT_META_KEY: key.signer.context(self.host, list(self.cfg.tools), confirm, ttl_s=CONTEXT_TTL_S)
         }
         if approval is not None:
             meta[CONFIRMATION_META_KEY] = key.signer.confirmation(tool, self.host, arguments)
+        elif queued:
+            meta[OPERATOR_APPROVAL_META_KEY] = self.gate.ttl_s
         return meta
 
 

@@ -39,7 +39,11 @@ LEXICAL_ONLY_INSTRUCTIONS = (
 )
 _CONFIRMED = (
     " The host asks the human to confirm before it runs; you cannot confirm it yourself."
-    " gate_failed means the human did not approve: ask them through the host, do not loop."
+    " gate_failed means it is not (yet) approved. If your client cannot show the host's confirmation,"
+    " the request waits for a human to approve it at the host (engram-memory admin approve, or the"
+    " console): tell the user, and once it is approved retry the same call with the same idempotency_key"
+    " and arguments; it answers the approved outcome (replayed true). gate_failed after that means denied"
+    " or expired: report it, do not loop."
 )
 
 DESCRIPTIONS: dict[str, str] = {
@@ -94,7 +98,8 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "forget": (
         "Permanently make an admitted record ineligible (tombstone): it leaves search and get for good"
-        " and cannot be restored; capturing the same content again is held for adjudication. Use only"
+        " and cannot be restored; a later capture whose effective payload digest matches the forgotten"
+        " record's is held at pending_adjudication (similar wording alone is not). Use only"
         " when the record is wrong or must be erased. reason_ref is an opaque reference, not a"
         " free-text account of the memory. NOT_FOUND: no such current record in your scope."
     ),
@@ -128,10 +133,12 @@ INSTRUCTIONS = (
     " cite an existing record_id rather than duplicating it. Capture creates a pending, unsearchable"
     " candidate; admission is requested with request_admission, never assumed, and a candidate_id is"
     " not a record_id. Withdraw and forget (and any tool the host marks) need the human's"
-    " confirmation through the host. Use one idempotency_key per logical operation and retry a"
-    " retriable failure with the same key and arguments. Act on error.code and error.retriable, never"
-    " on the message. Tenant, workspace, identity and confirmation come from the host, never from"
-    " arguments; a JSON-RPC error means stop and report to the host operator."
+    " confirmation through the host; when your client cannot ask, a human can approve the request at"
+    " the host, and you then retry the same call with the same idempotency_key. Use one idempotency_key"
+    " per logical operation and retry a retriable failure with the same key and arguments. Act on"
+    " error.code and error.retriable, never on the message. Tenant, workspace, identity and"
+    " confirmation come from the host, never from arguments; a JSON-RPC error means stop and report"
+    " to the host operator."
 )
 
 

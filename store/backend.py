@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+# The approvals table's columns, in the order every backend reads and writes them.
+APPROVAL_COLUMNS = ("request_id", "scope_ref", "principal", "agent_id", "tool", "target", "key_digest",
+                    "intent_hash", "context", "key_ref", "arguments", "status", "created_at_ms",
+                    "expires_at_ms", "decided_at_ms", "reason", "outcome")
+
 
 class StoreError(RuntimeError):
     """The store failed (I/O, constraint, lost connection): STORE_UNAVAILABLE to a caller."""
@@ -381,3 +386,20 @@ class Store(Protocol):
 
     # audit
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    # requests awaiting an operator's approval (store/approvals.py; columns: APPROVAL_COLUMNS)
+    def approval_insert(self, row: Sequence[Any]) -> bool:
+        """Park a request; False if (scope, principal, key digest) already has one."""
+        ...
+
+    def approval_find(self, scope_ref: str, principal: str, key_digest: str) -> tuple[Any, ...] | None: ...
+
+    def approval_get(self, request_id: str) -> tuple[Any, ...] | None: ...
+
+    def approvals_pending(self, scope_ref: str | None) -> list[tuple[Any, ...]]: ...
+
+    def approval_decide(self, request_id: str, status: str, decided_at_ms: int, reason: str) -> bool:
+        """pending -> ``status`` (the sealed arguments' key_ref and blob dropped); False if no longer pending."""
+        ...
+
+    def approval_outcome(self, request_id: str, outcome: str) -> None: ...

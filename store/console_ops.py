@@ -2,7 +2,8 @@
 its digest before it runs, and run only when the confirmed digest still matches.
 
 Adjudication is store/adjudicate.py's; dispute, resolve, supersede and revoke trust are the host
-lifecycle API of store/hostops.py; forget is the agent's own forget
+lifecycle API of store/hostops.py; approve and deny decide a request awaiting the operator's
+approval (store/approvals.py), in the page's scope only; forget is the agent's own forget
 (Engine.forget: one tombstone event, the key destroyed, the projections purged), run for the
 operator, whose confirmation replaces the host's confirmation guard:
 
@@ -38,6 +39,9 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "supersede": ("record_id", "by"),
     "revoke_trust": ("scope_ref", "source_ref", "evidence_ref", "principal"),
     "forget": ("record_id", "idempotency_key", "reason_ref"),
+    # a request awaiting the operator's approval (store/approvals.py), decided for its own scope
+    "approve": ("scope_ref", "request_id"),
+    "deny": ("scope_ref", "request_id"),
 }
 REVOKE_TARGETS = ("source_ref", "evidence_ref", "principal")
 # The record operations of the record page, each with the lifecycle move that decides where it is
@@ -74,6 +78,9 @@ def build(operation: str, fields: dict[str, str]) -> dict[str, Any]:
         if len(given) != 1:
             raise AdminUsageError("revoke trust names exactly one of: source_ref, evidence_ref, principal")
         request[given[0]] = fields[given[0]].strip()
+    elif operation in ("approve", "deny"):
+        request["scope_ref"] = _required(fields, "scope_ref")
+        request["request_id"] = _required(fields, "request_id")
     else:
         request["record_id"] = _required(fields, "record_id")
     if operation == "resolve":
@@ -106,6 +113,10 @@ def run(engine: Any, operation: str, request: dict[str, Any], now: int, session:
     if operation == "forget":
         return _forget(engine, request, session)
     reason = request["reason"]
+    if operation in ("approve", "deny"):
+        from engram_memory.store.approvals import decide
+
+        return decide(engine, request["request_id"], operation == "approve", reason, now, request["scope_ref"])
     if operation == "dispute":
         result = hostops.dispute_with(engine, request["record_id"], reason, now)
     elif operation == "resolve":

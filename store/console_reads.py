@@ -29,7 +29,7 @@ from engram_memory.retrieval.ranking import rank, weak_semantic
 from engram_memory.store.crypto import open_sealed
 from engram_memory.store.engine import AuditEvent, Engine
 from engram_memory.store.history import candidate_listing, event_instant, journal_listing
-from engram_memory.store.lifecycle import pending_context
+from engram_memory.store.lifecycle import pending_context, primary_text
 from engram_memory.store.timeutil import from_instant
 
 # The operator's identity in journal contexts and audit rows the console writes (a host id).
@@ -321,3 +321,20 @@ def explain_search(engine: Engine, scope_ref: str, query: str, limit: int = 10) 
                      "fused": before,
                      "rerank": (entry["score"] - before) if reranked and before is not None else None})
     return Explained(value, rows, dropped, receipt["fusion"])
+
+
+def approval_requests(engine: Engine, scope_ref: str) -> list[dict[str, Any]]:
+    """The scope's requests awaiting the operator's approval (store/approvals.py), each with the
+    text of the record or candidate it targets: who asks, what, on what, its digest and age."""
+    from engram_memory.store.approvals import pending
+
+    out = []
+    for request in pending(engine, scope_ref, engine.clock()):
+        text = None
+        target = request["target"]
+        if target.startswith("mem_"):
+            detail = record_detail(engine, scope_ref, target)
+            if detail is not None and detail["body"] is not None:
+                text = primary_text(detail["body"])
+        out.append({**request, "text": text})
+    return out

@@ -15,6 +15,8 @@ NOT_ADJUDICABLE = "NOT_ADJUDICABLE"  # the candidate is not awaiting an operator
 RECEIPT_MISMATCH = "RECEIPT_MISMATCH"  # a receipt does not re-derive from the store, or disagrees with itself
 ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"  # a host operation the state machine does not allow from the record's state
 NOTHING_MATCHES = "NOTHING_MATCHES"  # revoke-trust or a family supersede found no current record to change
+UNKNOWN_REQUEST = "UNKNOWN_REQUEST"  # no request awaiting approval has this id (in this scope)
+NOT_PENDING = "NOT_PENDING"  # the request awaiting approval expired or was already decided
 
 
 class AdminRefusal(Exception):

@@ -458,6 +458,99 @@ def test_a_console_bound_to_one_scope_never_shows_another(browser: Any, store: t
         engine.close()
 
 
+# ---- requests awaiting the operator's approval (issue 37) ------------------------------------------
+
+
+def park_forget(engine: Engine, c: Any, record_id: str, key: str) -> tuple[dict[str, Any], str]:
+    """The agent's forget from a client without elicitation, as the server parks it (store/approvals.py)."""
+    from engram_memory.models.errors import EngramError
+    from engram_memory.models.tools import parse_input
+    from engram_memory.store.approvals import admit_or_park
+
+    args = {"record_id": record_id, "idempotency_key": key, "reason_ref": "reason:user-request"}
+    with pytest.raises(EngramError) as refused:
+        admit_or_park(engine, c, "forget", parse_input("forget", args))
+    assert refused.value.code == "gate_failed"
+    return args, refused.value.detail.rsplit(" ", 1)[-1]
+
+
+def test_approvals_are_listed_confirmed_and_decided_in_their_own_scope_only(
+        browser: Any, tmp_path: Path, offline_env: dict[str, str]) -> None:
+    from engram_memory.models.tools import parse_input
+    from engram_memory.store.approvals import admit_or_park
+
+    data_dir = tmp_path / "data"
+    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))  # the wall clock: TTLs run
+    try:
+        kept = admit(engine, ctx(), "Harbour lights are checked every dusk", "approval-kept-001")
+        gone = admit(engine, ctx(), "The old pier lamp was removed last year", "approval-gone-001")
+        other = admit(engine, ctx("globex", "ops"), OTHER_TEXT, "approval-other-01")
+        gone_args, gone_id = park_forget(engine, ctx(), gone, "forget-gone-000001")
+        kept_args, kept_id = park_forget(engine, ctx(), kept, "forget-kept-000001")
+        _, other_id = park_forget(engine, ctx("globex", "ops"), other, "forget-other-00001")
+    finally:
+        engine.close()
+    bound = Console(data_dir, offline_env, "--scope", "acme/main")
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        tab.goto(bound.login_url)
+        base = bound.base + "/scope/acme/main"
+        tab.goto(base + "/approvals")
+        text = main_text(tab)
+        # who asks, what, the record's text, the operation digest, its age; never the other scope's
+        assert gone_id in text and kept_id in text and other_id not in text and OTHER_MARKER not in tab.content()
+        section = tab.locator(f"#req-{gone_id}")
+        assert "agent-1" in section.inner_text() and "alice" in section.inner_text()
+        assert "engram_memory_forget" in section.inner_text() and gone in section.inner_text()
+        assert section.locator(".target-text").inner_text() == "The old pier lamp was removed last year"
+        assert section.locator(".digest").inner_text() == intent_hash("forget", gone_args)
+        assert "s ago" in section.inner_text()
+        # approve, behind the confirmation page
+        section.locator("input[name=reason]").fill("the user asked to forget it")
+        section.get_by_role("button", name="Review approve…").click()
+        assert "Confirm: approve" in main_text(tab)
+        tab.locator("#confirm").click()
+        assert shows(tab, "status", "approved") and shows(tab, "outcome", "ok")
+        tab.goto(base + f"/records/{gone}")
+        assert tab.inner_text("#state") == "tombstoned"
+        # deny
+        tab.goto(base + "/approvals")
+        section = tab.locator(f"#req-{kept_id}")
+        section.locator("input[name=reason]").fill("keep this one")
+        section.get_by_role("button", name="Review deny…").click()
+        tab.locator("#confirm").click()
+        assert shows(tab, "status", "denied")
+        tab.goto(base + "/approvals")
+        assert "No request awaits approval" in main_text(tab)
+        # another scope's request is never decided through this one
+        tab.goto(base + f"/records/{kept}")
+        csrf = tab.locator("#op-forget input[name=csrf]").get_attribute("value")
+        response = tab.request.post(base + "/confirm", form={"csrf": csrf, "operation": "approve",
+                                                             "request_id": other_id, "reason": "x"})
+        assert response.status == 400 and OTHER_MARKER not in response.text()
+        assert tab.goto(bound.base + "/scope/globex/ops/approvals").status == 404
+    finally:
+        context.close()
+        assert "Traceback" not in bound.stop()
+    engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
+    try:
+        # the agent's retries: the approved forget replays its outcome, the denied one stays refused
+        model = parse_input("forget", gone_args)
+        admit_or_park(engine, ctx(), "forget", model)
+        replayed = call(engine, "forget", ctx(), gone_args)
+        assert replayed["replayed"] is True and replayed["receipt"]["to_state"] == "tombstoned"
+        from engram_memory.models.errors import EngramError
+
+        with pytest.raises(EngramError) as refused:
+            admit_or_park(engine, ctx(), "forget", parse_input("forget", kept_args))
+        assert refused.value.code == "gate_failed"
+        assert [r["record_id"] for r in engine.live_records("tenant:acme/workspace:main")] == [kept]
+        assert [r["record_id"] for r in engine.live_records("tenant:globex/workspace:ops")] == [other]
+    finally:
+        engine.close()
+
+
 # ---- a PostgreSQL store ---------------------------------------------------------------------------
 
 

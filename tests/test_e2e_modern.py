@@ -13,8 +13,9 @@ from tests.conftest import DUCKDB, REPO, Backend, Human, capture_args, check_res
 pytestmark = pytest.mark.anyio
 
 
-def client(data_dir, offline_env, human: Human | None, backend: Backend = DUCKDB) -> Client:
-    argv = serve_argv(data_dir, extra=["--no-semantic"], backend=backend)
+def client(data_dir, offline_env, human: Human | None, backend: Backend = DUCKDB,
+           extra: tuple[str, ...] = ()) -> Client:
+    argv = serve_argv(data_dir, extra=["--no-semantic", *extra], backend=backend)
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=offline_env, cwd=str(REPO))
     return Client(params, elicitation_callback=human, mode="auto")
 
@@ -44,10 +45,19 @@ async def test_modern_client_confirms_through_input_required(data_dir_factory, o
         assert (await call(c, "get", get_args(record_id)))["error"]["code"] == "NOT_FOUND"
 
 
+async def test_modern_client_without_elicitation_waits_for_the_operator(data_dir_factory, offline_env) -> None:
+    """Parked for the operator (tests/test_approvals.py): gate_failed until approved at the host."""
+    async with client(data_dir_factory("modern-queued"), offline_env, None) as c:
+        out = await call(c, "forget", {"record_id": "mem_abc", "idempotency_key": key("f"), "reason_ref": "reason:x"})
+        assert out["error"]["code"] == "gate_failed"
+
+
 async def test_modern_client_without_elicitation_cannot_forget(data_dir_factory, offline_env) -> None:
+    """With the host's queue off (confirm_fallback = "off"): a missing confirmation, -32603."""
     from mcp.shared.exceptions import MCPError
 
-    async with client(data_dir_factory("modern-noelicit"), offline_env, None) as c:
+    async with client(data_dir_factory("modern-noelicit"), offline_env, None,
+                      extra=("--confirm-fallback", "off")) as c:
         with pytest.raises(MCPError) as info:
             await c.call_tool("engram_memory_forget", {"record_id": "mem_abc", "idempotency_key": key("f"),
                                                        "reason_ref": "reason:x"})

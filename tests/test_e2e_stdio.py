@@ -284,7 +284,9 @@ async def test_memory_disabled_lists_nothing(start_server, data_dir_factory, con
 
 
 async def test_client_without_elicitation_cannot_forget(start_server, data_dir_factory, backend) -> None:
-    async with start_server(data_dir_factory("no-elicit"), human=None, extra=LEXICAL_ONLY, backend=backend) as mcp:
+    """With the host's queue off; by default the operator decides (tests/test_approvals.py)."""
+    async with start_server(data_dir_factory("no-elicit"), human=None, extra=[*LEXICAL_ONLY, "--confirm-fallback",
+                                                                              "off"], backend=backend) as mcp:
         _, record_id = await capture_and_admit(mcp, "Projections are rebuilt from DuckDB.")
         err = await mcp.call_error("forget", {"record_id": record_id, "idempotency_key": key("f"),
                                               "reason_ref": "reason:x"})

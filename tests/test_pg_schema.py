@@ -15,6 +15,7 @@ from engram_memory.store.postgres.url import check_store_url, redact_url
 TABLES = {
     "schema_migrations", "meta", "scopes", "journal", "candidates", "records", "embeddings",
     "tombstoned_payloads", "idempotency", "audit", "data_keys", "nodes", "replay", "store_identity", "node_cursors",
+    "approvals",
 }
 
 

@@ -17,6 +17,7 @@ from engram_memory.server.gate import (
     Approval,
     ConfirmationGate,
     GateFailed,
+    OperatorApproval,
     can_form_elicit,
     confirmation_message,
     is_approval,
@@ -153,6 +154,14 @@ async def test_no_elicitation_capability_is_protocol_error() -> None:
     assert info.value.code == PROTOCOL_CONTEXT_CODE
 
 
+async def test_no_elicitation_goes_to_the_operator_queue_when_the_host_queues() -> None:
+    """confirm_fallback = "queue" (the serve default): the dispatcher parks the call (store/approvals.py)."""
+    gate = ConfirmationGate(frozenset(), ttl_s=42, queue=True)
+    with pytest.raises(OperatorApproval) as info:
+        await gate.confirm(modern_ctx(types.ClientCapabilities()), call(ARGS), "forget", ARGS, HOST)
+    assert info.value.ttl_s == 42
+
+
 def test_gated_tools() -> None:
     assert ConfirmationGate(frozenset()).gated == {"withdraw", "forget"}
     assert ConfirmationGate(frozenset({"capture"})).gated == {"withdraw", "forget", "capture"}
@@ -192,6 +201,10 @@ def test_envelope_result_copies_text() -> None:
 
 def test_unexpected_exceptions_map_to_catalog_codes() -> None:
     import duckdb
+
+    # The DuckDB backend registers its driver's errors as store errors when it is imported (as the
+    # server does before any call); run alone, this test imports it itself (it was order-dependent).
+    import engram_memory.store.duckdb.backend  # noqa: F401
 
     assert classify_unexpected(duckdb.IOException("x"), "search", True) == "STORE_UNAVAILABLE"
     assert classify_unexpected(OSError("x"), "get", True) == "STORE_UNAVAILABLE"

@@ -143,6 +143,7 @@ def create_app(state: ConsoleState) -> ASGIApp:
         Route("/scope/{tenant}/{workspace}/candidates", console.candidates),
         Route("/scope/{tenant}/{workspace}/candidates/{cid}/reveal", console.reveal, methods=["POST"]),
         Route("/scope/{tenant}/{workspace}/candidates/{cid}/adjudicate", console.adjudicate, methods=["POST"]),
+        Route("/scope/{tenant}/{workspace}/approvals", console.approvals),
         Route("/scope/{tenant}/{workspace}/records", console.records),
         Route("/scope/{tenant}/{workspace}/records/{rid}", console.record),
         Route("/scope/{tenant}/{workspace}/confirm", console.confirm, methods=["POST"]),
@@ -275,6 +276,14 @@ class _Console:
         return self.page(request, "result.html", {"scope": console_reads.scope_pair(ref), "operation": "adjudicate",
                                                   "rows": result_rows(result)})
 
+    async def approvals(self, request: Request) -> Response:
+        """Requests awaiting the operator's approval (clients without elicitation): who asks, what,
+        the record's text, the operation digest, its age; approve or deny behind the confirm page."""
+        ref = await self.scope_ref(request)
+        rows = await self.call(console_reads.approval_requests, self.state.engine, ref)
+        return self.page(request, "approvals.html", {"scope": console_reads.scope_pair(ref), "scope_ref": ref,
+                                                     "requests": rows})
+
     async def records(self, request: Request) -> Response:
         ref = await self.scope_ref(request)
         state = request.query_params.get("state") or None
@@ -330,7 +339,7 @@ class _Console:
         form = await self.form(request)
         operation = str(form.get("operation", ""))
         fields = {k: v for k, v in form.items() if isinstance(v, str) and k not in ("csrf", "operation")}
-        if operation == "revoke_trust":
+        if operation in ("revoke_trust", "approve", "deny"):
             fields["scope_ref"] = ref
 
         def prepare() -> Confirmation:
@@ -381,6 +390,13 @@ class _Console:
         if operation == "revoke_trust":
             if request["scope_ref"] != ref:
                 raise AdminUsageError("revoke trust runs on this page's scope only")
+            return
+        if operation in ("approve", "deny"):
+            from engram_memory.store.approvals import find
+
+            found = find(self.state.engine, request["request_id"])
+            if request["scope_ref"] != ref or found is None or found.scope_ref != ref:
+                raise AdminUsageError(f"no request {request['request_id']} awaits approval in this scope")
             return
         for name in ("record_id", "by"):
             if name in request and console_reads.record_scope(self.state.engine, request[name]) != ref:

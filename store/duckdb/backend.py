@@ -19,6 +19,7 @@ import duckdb
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
+    APPROVAL_COLUMNS,
     PROJECTED_OPERATIONS,
     Candidate,
     DueExpiry,
@@ -282,6 +283,7 @@ class Database:
         return {r[0] for r in self.all(
             "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
             " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
+            " UNION SELECT key_ref FROM approvals WHERE key_ref IS NOT NULL"
         )}
 
     def record_events(self, scope_ref: str, record_id: str) -> list[dict[str, Any]]:
@@ -416,6 +418,49 @@ class Database:
         on the calling thread's own connection."""
         self.reader().execute(AUDIT_INSERT + ", ".join([AUDIT_ROW] * len(rows)),
                               [value for row in rows for value in row])
+
+    # -- requests awaiting an operator's approval ---------------------------------------------
+
+    def approval_insert(self, row: Sequence[Any]) -> bool:
+        return self._approval_write(
+            f"INSERT INTO approvals ({', '.join(APPROVAL_COLUMNS)})"
+            f" VALUES ({', '.join(['?'] * len(APPROVAL_COLUMNS))}) ON CONFLICT DO NOTHING RETURNING request_id",
+            list(row))
+
+    def approval_find(self, scope_ref: str, principal: str, key_digest: str) -> tuple[Any, ...] | None:
+        return self._approval_row(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals"
+                                  " WHERE scope_ref = ? AND principal = ? AND key_digest = ?",
+                                  [scope_ref, principal, key_digest])
+
+    def approval_get(self, request_id: str) -> tuple[Any, ...] | None:
+        return self._approval_row(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE request_id = ?",
+                                  [request_id])
+
+    def approvals_pending(self, scope_ref: str | None) -> list[tuple[Any, ...]]:
+        sql = f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE status = 'pending'"
+        params: list[Any] = []
+        if scope_ref is not None:
+            sql += " AND scope_ref = ?"
+            params.append(scope_ref)
+        return [_approval_tuple(r) for r in self.all(sql + " ORDER BY created_at_ms, request_id", params)]
+
+    def approval_decide(self, request_id: str, status: str, decided_at_ms: int, reason: str) -> bool:
+        return self._approval_write(
+            "UPDATE approvals SET status = ?, decided_at_ms = ?, reason = ?, key_ref = NULL, arguments = NULL"
+            " WHERE request_id = ? AND status = 'pending' RETURNING request_id",
+            [status, decided_at_ms, reason, request_id])
+
+    def approval_outcome(self, request_id: str, outcome: str) -> None:
+        self._approval_write("UPDATE approvals SET outcome = ? WHERE request_id = ? RETURNING request_id",
+                             [outcome, request_id])
+
+    def _approval_row(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        row = self.one(sql, params)
+        return None if row is None else _approval_tuple(row)
+
+    def _approval_write(self, sql: str, params: list[Any]) -> bool:
+        # On the main connection under the caller's engine lock, like every write of this process.
+        return self.con.execute(sql, params).fetchone() is not None
 
 
 CHANGES_SQL = (
@@ -630,3 +675,7 @@ def journal_hashes(data_dir: Path, at: dict[str, int]) -> dict[str, str]:
             [list(at), list(at.values())]).fetchall()}
     finally:
         con.close()
+
+
+def _approval_tuple(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(row)

@@ -118,6 +118,32 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE records ADD COLUMN event_type VARCHAR;
         """,
     ),
+    (
+        5,
+        "requests awaiting an operator's approval (clients without elicitation)",
+        """
+        CREATE TABLE approvals (
+            request_id VARCHAR PRIMARY KEY,
+            scope_ref VARCHAR NOT NULL,
+            principal VARCHAR NOT NULL,
+            agent_id VARCHAR NOT NULL,
+            tool VARCHAR NOT NULL,
+            target VARCHAR NOT NULL,
+            key_digest VARCHAR NOT NULL,     -- SHA-256 of the idempotency key; the raw key is sealed
+            intent_hash VARCHAR NOT NULL,    -- the operation digest (the ledger's intent hash)
+            context VARCHAR NOT NULL,        -- JCS of the bound host context
+            key_ref VARCHAR,                 -- NULL once decided or expired (the arguments unreadable)
+            arguments BLOB,                  -- the call's arguments, sealed; NULL once decided
+            status VARCHAR NOT NULL,         -- pending | approved | denied | expired
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL,
+            decided_at_ms BIGINT,
+            reason VARCHAR,                  -- the operator's reason (screened for secrets)
+            outcome VARCHAR,                 -- "ok" or the error code of the approved call
+            UNIQUE (scope_ref, principal, key_digest)
+        );
+        """,
+    ),
 ]
 
 

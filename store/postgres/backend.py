@@ -36,6 +36,7 @@ from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.store.backend import (
+    APPROVAL_COLUMNS,
     PROJECTED_OPERATIONS,
     Candidate,
     DueExpiry,
@@ -399,6 +400,7 @@ class PostgresStore:
         return {r[0] for r in self.all(
             "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
             " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL"
+            " UNION SELECT key_ref FROM approvals WHERE key_ref IS NOT NULL"
         )}
 
     def current_records(self, scope_ref: str, state: str) -> list[SealedRecord]:
@@ -482,6 +484,49 @@ class PostgresStore:
                 " idk, context_jti) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [list(row) for row in rows],
             )
+
+    # -- requests awaiting an operator's approval ---------------------------------------------
+
+    def approval_insert(self, row: Sequence[Any]) -> bool:
+        return self._approval_write(
+            f"INSERT INTO approvals ({', '.join(APPROVAL_COLUMNS)})"
+            f" VALUES ({', '.join(['%s'] * len(APPROVAL_COLUMNS))}) ON CONFLICT DO NOTHING RETURNING request_id",
+            list(row))
+
+    def approval_find(self, scope_ref: str, principal: str, key_digest: str) -> tuple[Any, ...] | None:
+        return self._approval_row(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals"
+                                  " WHERE scope_ref = %s AND principal = %s AND key_digest = %s",
+                                  [scope_ref, principal, key_digest])
+
+    def approval_get(self, request_id: str) -> tuple[Any, ...] | None:
+        return self._approval_row(f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE request_id = %s",
+                                  [request_id])
+
+    def approvals_pending(self, scope_ref: str | None) -> list[tuple[Any, ...]]:
+        sql = f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE status = 'pending'"
+        params: list[Any] = []
+        if scope_ref is not None:
+            sql += " AND scope_ref = %s"
+            params.append(scope_ref)
+        return [_approval_tuple(r) for r in self.all(sql + " ORDER BY created_at_ms, request_id", params)]
+
+    def approval_decide(self, request_id: str, status: str, decided_at_ms: int, reason: str) -> bool:
+        return self._approval_write(
+            "UPDATE approvals SET status = %s, decided_at_ms = %s, reason = %s, key_ref = NULL, arguments = NULL"
+            " WHERE request_id = %s AND status = 'pending' RETURNING request_id",
+            [status, decided_at_ms, reason, request_id])
+
+    def approval_outcome(self, request_id: str, outcome: str) -> None:
+        self._approval_write("UPDATE approvals SET outcome = %s WHERE request_id = %s RETURNING request_id",
+                             [outcome, request_id])
+
+    def _approval_row(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        row = self.one(sql, params)
+        return None if row is None else _approval_tuple(row)
+
+    def _approval_write(self, sql: str, params: list[Any]) -> bool:
+        with self.pool.connection() as conn:
+            return conn.execute(sql, params).fetchone() is not None
 
     # -- nodes ---------------------------------------------------------------------------
 
@@ -831,3 +876,8 @@ class PostgresReplay:
             [kid, jti, exp, exp, CLOCK_LEEWAY_S, REPLAY_HOLD_S],
         )
         return row is not None
+
+
+def _approval_tuple(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    # BYTEA comes back as memoryview: the sealed arguments as bytes, like DuckDB's BLOB.
+    return tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)

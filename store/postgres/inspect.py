@@ -91,9 +91,14 @@ class PostgresInspector:
     # -- store-wide ----------------------------------------------------------------------
 
     def referenced_keys(self) -> set[str]:
-        return {r[0] for r in self.all(
-            "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
-            " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")}
+        sql = ("SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
+               " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL")
+        if self._has_approvals():  # a store written before the approvals table has none
+            sql += " UNION SELECT key_ref FROM approvals WHERE key_ref IS NOT NULL"
+        return {r[0] for r in self.all(sql)}
+
+    def _has_approvals(self) -> bool:
+        return bool(self.all("SELECT 1 FROM information_schema.tables WHERE table_name = 'approvals'"))
 
     def listed_scopes(self) -> set[str]:
         return {r[0] for r in self.all("SELECT scope_ref FROM scopes")}

@@ -172,6 +172,32 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE idempotency ADD COLUMN key_ref TEXT;
         """,
     ),
+    (
+        5,
+        "requests awaiting an operator's approval (clients without elicitation)",
+        """
+        CREATE TABLE approvals (
+            request_id TEXT PRIMARY KEY,
+            scope_ref TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            agent_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            target TEXT NOT NULL,
+            key_digest TEXT NOT NULL,        -- SHA-256 of the idempotency key; the raw key is sealed
+            intent_hash TEXT NOT NULL,       -- the operation digest (the ledger's intent hash)
+            context TEXT NOT NULL,           -- JCS of the bound host context
+            key_ref TEXT,                    -- NULL once decided or expired (the arguments unreadable)
+            arguments BYTEA,                 -- the call's arguments, sealed; NULL once decided
+            status TEXT NOT NULL,            -- pending | approved | denied | expired
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL,
+            decided_at_ms BIGINT,
+            reason TEXT,                     -- the operator's reason (screened for secrets)
+            outcome TEXT,                    -- "ok" or the error code of the approved call
+            UNIQUE (scope_ref, principal, key_digest)
+        );
+        """,
+    ),
 ]
 
 
