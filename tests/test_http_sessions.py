@@ -1,15 +1,19 @@
-"""An MCP session belongs to the host that opened it (issue 33 §2).
+"""An MCP session belongs to the host that opened it (issue 33 §2); request headers are logged
+escaped (§3).
 
 Two hosts, each with its own bearer, on one real ``serve --http``. Host A opens a session
 through the SDK client; host B (its own bearer, its own signed context) presents A's
 ``mcp-session-id`` on POST, GET and DELETE, by raw requests and through B's own SDK client.
 Every such request is answered exactly as for an unknown session (404, same body), and A's
 session goes on serving A afterwards. Before the fix B was served inside A's session and B's
-DELETE ended it (A's next call: ``-32600 Session not found``).
+DELETE ended it (A's next call: ``-32600 Session not found``). The ``Origin`` and ``Host``
+values the SDK logs reach the server's stderr with their control characters
+escaped: before, a C1 byte went to the log as it came.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -136,3 +140,32 @@ async def test_another_hosts_sdk_client_cannot_use_or_end_a_session(server: Http
     async with httpx2.AsyncClient(timeout=10) as http:  # A's DELETE on leaving ended it
         gone = await http.delete(server.url, headers=request_headers(kit, "host-a", session, seen_a[PROTOCOL_HEADER]))
     assert gone.status_code == 404
+
+
+# ---- header values in the log (issue 33 §3) -------------------------------------------------------
+
+# Bytes 0x80-0xFF pass uvicorn's parser in a header value and read as Latin-1: C1 controls (NEL,
+# CSI) and, for U+2028's UTF-8, a C1 byte too. A tab passes as well.
+HOSTILE = b"evil.example\x85FORGED LINE\x9b31m\te\xe2\x80\xa8x"
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # a newline and tab may end or pad a line
+
+
+async def test_header_values_the_sdk_logs_are_escaped(server: HttpServer, kit: HostKit) -> None:
+    bearer = f"Bearer {kit.token('host-a')}".encode()
+    base = [(b"Authorization", bearer), (b"Accept", b"application/json, text/event-stream"),
+            (b"Content-Type", b"application/json")]
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    port = server.base.rsplit(":", 1)[1]
+    async with httpx2.AsyncClient(timeout=10) as http:
+        origin = await http.post(server.url, headers=[*base, (b"Origin", b"http://" + HOSTILE)], json=initialize)
+        host = await http.post(server.url, headers=[*base, (b"Host", HOSTILE + b":" + port.encode())],
+                               json=initialize)
+        session = await http.post(server.url, headers=[*base, (b"mcp-session-id", HOSTILE)], json=initialize)
+    assert (origin.status_code, host.status_code, session.status_code) == (403, 421, 404)
+    log = server.stderr_path.read_bytes().decode("utf-8")
+    for line in ("Invalid Origin header: http://evil.example\\x85FORGED LINE\\x9b31m\\x09e\u00e2\\x80\u00a8x",
+                 "Invalid Host header: evil.example\\x85FORGED LINE\\x9b31m\\x09e\u00e2\\x80\u00a8x:" + port):
+        assert line in log, line
+    assert not UNSAFE.search(log), repr(UNSAFE.search(log))
+    assert all(not line.startswith("FORGED") for line in log.splitlines())
