@@ -25,6 +25,7 @@ from engram_memory.server.admin_cli import admin_app  # noqa: E402
 from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
 from engram_memory.server.console.command import console_cmd  # noqa: E402
 from engram_memory.server.host_cli import host_app  # noqa: E402
+from engram_memory.server.logs import setup_stderr_logging  # noqa: E402
 from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
 
 EXIT_USAGE = 2  # config errors and a busy data dir: the host must fix its launch, not retry blindly
@@ -69,11 +70,7 @@ _CHATTY = ("uvicorn", "mcp", "httpx", "httpx2", "httpcore", "sentence_transforme
 
 def _setup_logging(level: str) -> None:
     chosen = getattr(logging, level.upper(), logging.INFO)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=chosen,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_stderr_logging(chosen)  # request-borne header values are logged escaped (server/logs.py)
     for name in _CHATTY:
         logging.getLogger(name).setLevel(max(chosen, logging.WARNING))
 

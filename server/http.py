@@ -2,7 +2,10 @@
 
 ``/mcp`` is the SDK's streamable HTTP app; every request to it must carry
 ``Authorization: Bearer <token>`` matching a host in the key ring (compared in constant
-time), or it is answered 401 before any MCP processing. ``/healthz`` answers without
+time), or it is answered 401 before any MCP processing. An MCP session belongs to the host
+(bearer kid) that opened it: the authenticated host is handed to the SDK as the request's
+user, and the SDK's session manager answers a POST, GET or DELETE for that session under any
+other host's bearer exactly as for an unknown session (404), leaving the session untouched. ``/healthz`` answers without
 authentication and says only that the process is alive. The same app serves TCP (``--http``)
 and the data directory's Unix socket (local hosts, :mod:`engram_memory.server.local`).
 """
@@ -14,6 +17,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
@@ -52,6 +57,7 @@ class BearerAuth:
             await response(scope, receive, send)
             return
         scope[BEARER_KID_SCOPE_KEY] = kid  # the dispatcher binds the signed context to this host
+        scope["user"] = session_owner(kid)  # the SDK binds each session to the host that opened it
         await self.app(scope, receive, send)
 
     def _authenticate(self, scope: Scope) -> str | None:
@@ -66,6 +72,12 @@ class BearerAuth:
         except UnicodeDecodeError:
             return None
         return self.ring.keys.host_for_bearer(text)
+
+
+def session_owner(kid: str) -> AuthenticatedUser:
+    """The host as the SDK's session manager compares it: a session opened by one kid answers
+    404 to every other kid. The bearer itself is not kept (``token`` stays empty)."""
+    return AuthenticatedUser(AccessToken(token="", client_id=kid, scopes=[]))
 
 
 def signed_http_app(server: Server[Any], ring: KeyRing, *, bind_host: str, remote: bool,

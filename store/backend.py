@@ -102,6 +102,14 @@ class NewCandidate:
     envelope: bytes
 
 
+# The records columns a new record fills, in NewRecord's order, on both backends (the DuckDB table
+# also keeps the always-NULL event_type: store/duckdb/schema.py migration 6).
+RECORD_COLUMNS: tuple[str, ...] = (
+    "record_id", "scope_ref", "candidate_id", "state", "record_digest", "payload_digest", "recorded_cursor",
+    "valid_t", "valid_t_end", "expires_at_ms", "key_ref", "body", "event_at", "event_kind",
+)
+
+
 @dataclass(frozen=True)
 class NewRecord:
     record_id: str
@@ -117,7 +125,7 @@ class NewRecord:
     key_ref: str
     body: bytes
     event_at: int | None
-    event_type: str | None
+    event_kind: str | None  # the keyed digest of primary_event.type_ref (store/lifecycle.py event_kind)
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,7 @@ class LiveWindow:
     valid_t_end: Any
     expires_at_ms: Any
     event_at: Any
-    event_type: str | None
+    event_kind: str | None  # keyed digest of the event type; None: a record stored before it was kept
 
 
 # -- the protocols -------------------------------------------------------------------------

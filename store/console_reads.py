@@ -29,7 +29,7 @@ from engram_memory.retrieval.ranking import rank, weak_semantic
 from engram_memory.store.crypto import open_sealed
 from engram_memory.store.engine import AuditEvent, Engine
 from engram_memory.store.history import candidate_listing, event_instant, journal_listing
-from engram_memory.store.lifecycle import pending_context, primary_text
+from engram_memory.store.lifecycle import event_type, pending_context, primary_text
 from engram_memory.store.timeutil import from_instant
 
 # The operator's identity in journal contexts and audit rows the console writes (a host id).
@@ -172,17 +172,19 @@ def records(engine: Engine, scope_ref: str, state: str | None = None) -> list[di
         rows = _rows(engine, "records", [scope_ref, LISTED])
     else:
         rows = _rows(engine, "records_in_state", [scope_ref, state, LISTED])
-    texts = _excerpts(engine, scope_ref, [row[0] for row in rows])
+    opened = _excerpts(engine, scope_ref, [row[0] for row in rows])
     return [{"record_id": rid, "state": st, "recorded_cursor": int(cur), "record_digest": rd,
-             "event_type": et or "", "text": texts.get(rid)} for rid, st, cur, rd, et in rows]
+             "event_type": opened.get(rid, ("", None))[0], "text": opened.get(rid, ("", None))[1]}
+            for rid, st, cur, rd in rows]
 
 
 EXCERPT_CHARS = 120
 
 
-def _excerpts(engine: Engine, scope_ref: str, record_ids: list[str]) -> dict[str, str]:
-    """Each record's primary component text, cut to ``EXCERPT_CHARS`` (forgotten records: none)."""
-    out: dict[str, str] = {}
+def _excerpts(engine: Engine, scope_ref: str, record_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Each record's event type and primary component text, cut to ``EXCERPT_CHARS``, from its sealed
+    body (the event type is stored nowhere else in the clear); forgotten records: none."""
+    out: dict[str, tuple[str, str]] = {}
     for sealed in engine.db.load_records(record_ids) if record_ids else []:
         if sealed.scope_ref != scope_ref or sealed.body is None:
             continue
@@ -191,7 +193,8 @@ def _excerpts(engine: Engine, scope_ref: str, record_ids: list[str]) -> dict[str
             continue
         primary = body.get("primary_component_id")
         text = next((c["text"] for c in body.get("components", []) if c.get("component_id") == primary), "")
-        out[sealed.record_id] = text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 1] + "…"
+        excerpt = text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 1] + "…"
+        out[sealed.record_id] = (event_type(body) or "", excerpt)
     return out
 
 

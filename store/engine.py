@@ -54,7 +54,14 @@ from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
 from engram_memory.store.crypto import open_sealed, seal
-from engram_memory.store.lifecycle import Lifecycle, event_at, event_type, lexical_fields, record_context
+from engram_memory.store.lifecycle import (
+    Lifecycle,
+    event_at,
+    event_kind,
+    event_type,
+    lexical_fields,
+    record_context,
+)
 from engram_memory.store.live import ScopeView, ScopeViews, Window
 from engram_memory.store.opening import open_store
 from engram_memory.store.projector import Projector
@@ -392,17 +399,21 @@ class Engine:
     # -- scope views (eligibility without a query; store/live.py) -------------------------
 
     def _load_view(self, scope_ref: str) -> ScopeView:
-        rows = [(w.record_id, w.valid_t, w.valid_t_end, w.expires_at_ms, w.event_at, w.event_type)
+        rows = [(w.record_id, w.valid_t, w.valid_t_end, w.expires_at_ms, w.event_at, w.event_kind)
                 for w in self.db.live_windows(scope_ref, CURRENT.value)]
-        events = {rid: (_opt_int(at), kind) for rid, _t, _t_end, _exp, at, kind in rows}
-        legacy = [rid for rid, (at, kind) in events.items() if at is None or kind is None]
-        for start in range(0, len(legacy), 1000):  # admitted before migrations 3 and 4: from the bodies
+        # A record is a turn when its event type's keyed digest is one of the turn types' (the type
+        # itself is never stored in plaintext: store/lifecycle.py event_kind).
+        secret = self.keys.server_secret
+        turn_kinds = {event_kind(secret, scope_ref, t) for t in self.turns.turn_types}
+        events = {rid: (_opt_int(at), kind in turn_kinds) for rid, _t, _t_end, _exp, at, kind in rows}
+        legacy = [rid for rid, _t, _t_end, _exp, at, kind in rows if at is None or kind is None]
+        for start in range(0, len(legacy), 1000):  # admitted before migrations 3 and 5: from the bodies
             page = self._load_page(scope_ref, legacy[start:start + 1000])
-            events.update({rid: (event_at(record), event_type(record)) for rid, record in page.items()})
+            events.update({rid: (event_at(record), self.turns.is_turn(event_type(record)))
+                           for rid, record in page.items()})
         view = ScopeView(
             projection_cursor=self.db.projection_cursor(scope_ref),
-            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp), events[rid][0],
-                              self.turns.is_turn(events[rid][1]))
+            live={rid: Window(int(t), _opt_int(t_end), _opt_int(exp), *events[rid])
                   for rid, t, t_end, exp, _at, _kind in rows},
         )
         self._views.put(scope_ref, view)

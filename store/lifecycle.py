@@ -7,6 +7,8 @@ follow the commit and are idempotent, so a crash in between converges on restart
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +62,25 @@ def event_type(record: dict[str, Any]) -> str | None:
     """The record's ``primary_event.type_ref`` (a host's turn type makes it a conversation turn)."""
     event = record.get("primary_event")
     return str(event["type_ref"]) if event else None
+
+
+EVENT_KIND_KEY_LABEL = b"engram-memory/event-kind/v1"
+
+
+def event_kind(server_secret: bytes, scope_ref: str, type_ref: str | None) -> str | None:
+    """The keyed digest kept beside a sealed record in place of its ``primary_event.type_ref``.
+
+    The type is agent-written, so it is never stored in plaintext (SECURITY.md, "What each column
+    holds"): the engine only asks whether a record is a turn, which it answers by comparing this
+    digest with the digests of the host's turn types. Keyed with a subkey of the store's server
+    secret (the same on every node, carried by backups and ``admin migrate``/``export``) and bound
+    to the scope, so equal types in two scopes do not match and no guess can be checked without
+    the key."""
+    if type_ref is None:
+        return None
+    key = hmac.new(server_secret, EVENT_KIND_KEY_LABEL, hashlib.sha256).digest()
+    message = scope_ref.encode("utf-8") + b"\x00" + type_ref.encode("utf-8")
+    return "hmac-sha256:" + hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def primary_text(record: dict[str, Any]) -> str:
@@ -317,7 +338,7 @@ class Lifecycle:
                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                     from_instant(expires) if expires else None, rkey_ref,
                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                    event_at(record), event_type(record)))
+                    event_at(record), event_kind(self.keys.server_secret, ctx.scope_ref, event_type(record))))
                 admitted = AdmittedRecord(ctx.scope_ref, record, cursor)
             uow.close_candidate(cid, CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome_value))
             value = {"outcome": outcome_value, "replayed": False}
@@ -402,7 +423,7 @@ class Lifecycle:
                     record["payload_digest"], int(created_cursor), valid["t"], valid.get("t_end"),
                     from_instant(expires) if expires else None, rkey_ref,
                     seal(rdek, canonical_bytes(record), record_context(record["record_id"])),
-                    event_at(record), event_type(record)))
+                    event_at(record), event_kind(self.keys.server_secret, scope_ref, event_type(record))))
                 admitted = AdmittedRecord(scope_ref, record, cursor)
             uow.close_candidate(cid, CANDIDATE_ROW_STATE[operation].value, canonical_text(outcome))
         self.keys.destroy(key_ref)  # a failure leaves an orphan key, swept at the next open

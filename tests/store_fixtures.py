@@ -48,6 +48,38 @@ def capture_args(text: str, key: str = "capture-key-000001", **payload_extra: An
     }
 
 
+# Each agent-written value of one capture, its admission and its forget: invented, so a hit names
+# what leaked. (The forget's reason_ref is the one agent value kept: the journal is the permanent,
+# hash-chained account of what was done and why; SECURITY.md, "What each column holds".)
+AGENT_FIELDS = {
+    "text": "Decision: the fraxwumble quintorell rollout waits for the yearly audit.",
+    "component_id": "cmp-QXJWVORTEZ",
+    "citation_id": "cit-KWPLMNBRAX",
+    "source_ref": "doc:src-QUVBRNZEXT",
+    "locator_scheme": "scheme-PLRWQZTX",
+    "locator": "docs/loc-XJTRWQPLUM.md#L9",
+    "type_ref": "event:ZORBLUXEVT",
+    "evidence_ref": "ev:EVD-QWXYZPLOK",
+    "capture_key": "idk-capture-WQZLXPTRVB",
+    "admission_key": "idk-admit-MNQRZXWPLT",
+    "forget_key": "idk-forget-BRQZXWLMPT",
+}
+IDEMPOTENCY_FIELDS = ("capture_key", "admission_key", "forget_key")
+
+
+def unique_capture() -> dict[str, Any]:
+    f = AGENT_FIELDS
+    args = capture_args(f["text"], key=f["capture_key"])
+    payload = args["payload"]
+    payload["components"][0].update(component_id=f["component_id"], citation_ids=[f["citation_id"]])
+    payload["primary_component_id"] = f["component_id"]
+    payload["primary_event"].update(type_ref=f["type_ref"], citation_id=f["citation_id"])
+    payload["citations"][0].update(citation_id=f["citation_id"], source_ref=f["source_ref"],
+                                   locator={"scheme": f["locator_scheme"], "value": f["locator"]})
+    args["evidence"].update(evidence_ref=f["evidence_ref"], citation_ids=[f["citation_id"]])
+    return args
+
+
 def admission_args(candidate_id: str, key: str = "admit-key-0000001") -> dict[str, Any]:
     return {"candidate_id": candidate_id, "idempotency_key": key}
 

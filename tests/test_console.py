@@ -284,6 +284,35 @@ def test_a_forged_or_missing_csrf_token_is_refused_and_changes_nothing(
     assert "forged" not in main_text(page) and page.inner_text("#chain") == "verifies"
 
 
+def test_a_post_from_another_origin_is_refused_and_changes_nothing(
+        page: Any, console: Console, store: tuple[Path, dict[str, Any]]) -> None:
+    """Issue 33 §3: besides the CSRF token and SameSite=Strict, a POST whose Origin is not the
+    console's own is refused before anything runs (no Origin, as some clients send, still passes)."""
+    rid = store[1]["records"][0]
+    page.goto(scope_url(console, f"/records/{rid}"))
+    csrf = page.locator("#op-forget input[name=csrf]").get_attribute("value")
+    form = {"operation": "forget", "record_id": rid, "reason": "cross-site", "csrf": csrf}
+    for origin in ("http://evil.example", "null", f"https://127.0.0.1:{console.port + 1}",
+                   f"http://localhost:{console.port}", console.base + "/"):
+        response = page.request.post(scope_url(console, "/confirm"), form=form, headers={"Origin": origin})
+        assert response.status == 403, origin
+        assert "another site; nothing was done" in response.text() and "Confirm: forget" not in response.text()
+    # The console's own origin (what the browser's forms send) and no Origin at all pass.
+    for headers in ({"Origin": console.base}, {}):
+        confirmed = page.request.post(scope_url(console, "/confirm"), form=form, headers=headers)
+        assert confirmed.status == 200 and "Confirm: forget" in confirmed.text()
+    nonce = re.search(r'name="nonce" value="([^"]+)"', confirmed.text())
+    digest = re.search(r'name="digest" value="([^"]+)"', confirmed.text())
+    assert nonce is not None and digest is not None
+    run = {"csrf": csrf, "nonce": nonce.group(1), "digest": digest.group(1)}
+    refused = page.request.post(scope_url(console, "/execute"), form=run, headers={"Origin": "http://evil.example"})
+    assert refused.status == 403
+    page.goto(scope_url(console, f"/records/{rid}"))
+    assert page.inner_text("#state") == "accepted_current"
+    page.goto(scope_url(console, "/journal"))
+    assert "cross-site" not in main_text(page)
+
+
 # ---- the host operations (store/hostops.py) -----------------------------------------------------
 
 
@@ -626,7 +655,7 @@ def test_headers_cookie_flags_and_csrf_in_process(tmp_path: Path) -> None:
         for response in (refused, client.get("/static/console.css")):
             headers = response.headers
             assert headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
-            assert headers["x-frame-options"] == "DENY" and headers["referrer-policy"] == "no-referrer"
+            assert headers["x-frame-options"] == "DENY" and headers["referrer-policy"] == "same-origin"
         assert client.get("/login?token=wrong").status_code == 401
         # a name rebound to 127.0.0.1 by some web page carries its own Host: refused before the login
         assert client.get(f"/login?token={token}", headers={"host": "rebound.example:8766"}).status_code == 421

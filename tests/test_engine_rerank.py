@@ -81,8 +81,8 @@ def test_a_turn_rises_with_the_turn_before_it(both) -> None:
 
 
 def test_the_stage_survives_restart_and_a_store_from_before_the_column(both, tmp_path: Path) -> None:
-    """event_at and event_type are read back from DuckDB; rows written before migrations 3 and 4
-    get them from their body."""
+    """event_at and the event type's keyed digest are read back from DuckDB (the type itself is
+    never stored: issue 33); rows written before migrations 3 and 5 get them from their body."""
     _on, _off, _ids, _ = both
     engine, ids = converse(tmp_path)
     first = canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID))
@@ -92,8 +92,9 @@ def test_the_stage_survives_restart_and_a_store_from_before_the_column(both, tmp
     engine.close()
     with duckdb.connect(str(tmp_path / "engram.duckdb")) as con:
         assert con.execute("SELECT count(*) FROM records WHERE event_at IS NOT NULL").fetchone() == (len(TURNS),)
-        assert con.execute("SELECT DISTINCT event_type FROM records").fetchall() == [(TURN,)]
-        con.execute("UPDATE records SET event_at = NULL, event_type = NULL")
+        kinds = con.execute("SELECT DISTINCT event_type, event_kind FROM records").fetchall()
+        assert len(kinds) == 1 and kinds[0][0] is None and kinds[0][1].startswith("hmac-sha256:")
+        con.execute("UPDATE records SET event_at = NULL, event_kind = NULL")
     engine = open_engine(tmp_path)
     try:
         assert canonical_bytes(search(engine, AGENCY, capability_policy=HYBRID)) == first

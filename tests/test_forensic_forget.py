@@ -35,7 +35,20 @@ from engram_memory.store.crypto import open_sealed
 from engram_memory.store.engine import Engine, embedding_text
 from engram_memory.store.lifecycle import pending_context, record_context
 from tests.retrieval_fixtures import disk_files
-from tests.store_fixtures import T0, admission_args, admit_texts, call, capture_args, ctx, forget_args, withdraw_args
+from tests.store_fixtures import (
+    AGENT_FIELDS,
+    IDEMPOTENCY_FIELDS,
+    PURPOSE,
+    T0,
+    admission_args,
+    admit_texts,
+    call,
+    capture_args,
+    ctx,
+    forget_args,
+    unique_capture,
+    withdraw_args,
+)
 
 # Each kind of content carries its own invented tokens, so a hit names what leaked.
 FORGET_TOKENS = ("zorblaxquint", "velmarith", "quonfrellish")
@@ -401,3 +414,78 @@ def test_forget_timing_command_reports_clean_scans(tmp_path: Path) -> None:
     refused = CliRunner().invoke(app, ["--records", "3", "--forgets", "5"])
     assert refused.exit_code == 2
     assert refused.stderr.strip() == "engram-memory: error: --forgets must not exceed --records"
+
+
+# ---- every agent-written field (issue 33 §1) -----------------------------------------------------
+
+def test_no_agent_written_field_outlives_a_forget_on_disk(tmp_path: Path) -> None:
+    """The event type used to sit in plaintext in records.event_type: nulled by the forget, it stayed
+    in a stale DuckDB block (the WAL while running, the file after a clean stop). Now no agent
+    value is ever stored in the clear, current records included, and after the forget and a clean
+    stop no file under the data dir holds any of them."""
+    data = tmp_path / "data"
+    needles = {name: value.encode("utf-8") for name, value in AGENT_FIELDS.items()}
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False), clock=lambda: T0)
+    admit_texts(engine, FILLER[:3], settle_each=True)
+    cap = call(engine, "capture", ctx(), unique_capture())
+    out = call(engine, "request_admission", ctx(),
+               admission_args(cap["candidate_id"], key=AGENT_FIELDS["admission_key"]))
+    assert out["outcome"]["status"] == "accepted", out
+    rid = out["outcome"]["record_id"]
+    engine.settle()
+    running = traces(data, needles, engine)
+    engine.close()  # a clean stop: checkpointed, WAL folded into the file
+    stopped = traces(data, needles)
+    for before in (running, stopped):
+        # The scan finds the content where it lives: sealed in the record's body (a surviving key
+        # opens it) and, for the text, the lexical index of a current record.
+        assert "duckdb:records.body (opened with a surviving key)" in before["type_ref"], before
+        assert {"text", "component_id", "citation_id", "source_ref", "locator", "type_ref"} <= set(before)
+        for name, places in before.items():
+            # A current record's lexical document (text, refs) is in its projection (SECURITY.md);
+            # DuckDB, file and WAL, holds nothing agent-written in the clear, current records included.
+            raw = [p for p in places if not p.endswith("(opened with a surviving key)")
+                   and not p.startswith("projections/")]
+            assert raw == [], (name, raw)
+        assert not set(IDEMPOTENCY_FIELDS) & set(before)  # kept as digests only
+
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False), clock=lambda: T0)
+    try:
+        forgot = call(engine, "forget", ctx(), forget_args(rid, key=AGENT_FIELDS["forget_key"]))
+        assert forgot["projection_invalidation"] == "complete"
+        assert traces(data, needles, engine) == {}  # while running: file and WAL
+    finally:
+        engine.close()
+    assert traces(data, needles) == {}  # after a clean stop
+    assert sorted(p.name for p in data.iterdir()) == [".lock", "engram.duckdb", "keys", "master.key",
+                                                       "projections", "server.key"]
+
+
+def test_a_store_from_before_the_digest_is_rewritten_without_its_event_types(tmp_path: Path) -> None:
+    """A store written before migration 6 kept each record's event type in plaintext (and, after
+    its forget, in a stale block): migrating clears the column and the opening process copies the
+    store into a fresh file, so no file keeps a type; search still knows which records are turns."""
+    data = tmp_path / "data"
+    old_type = b"event:OLDPLAINEVT"
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False), clock=lambda: T0)
+    rid = admit_texts(engine, FILLER[:3], settle_each=True)[-1]
+    engine.close()
+    # The store as the previous version left it: the type in the clear, no digest, migration 6 not applied.
+    with duckdb.connect(str(data / "engram.duckdb")) as con:
+        con.execute("UPDATE records SET event_type = ?, event_kind = NULL WHERE record_id = ?",
+                    [old_type.decode(), rid])
+        con.execute("DELETE FROM schema_migrations WHERE version = 6")
+        con.execute("CHECKPOINT")
+    assert traces(data, {"type": old_type})["type"] == ["engram.duckdb", "duckdb:records.event_type"]
+
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False), clock=lambda: T0)
+    try:
+        assert engine.db.con.execute("SELECT max(version) FROM schema_migrations").fetchone() == (6,)
+        assert engine.db.con.execute("SELECT count(*) FROM records WHERE event_type IS NOT NULL").fetchone() == (0,)
+        assert traces(data, {"type": old_type}, engine) == {}
+        found = call(engine, "search", ctx(), {"query": "PostgreSQL replicas", "purpose_ref": PURPOSE})
+        assert rid in [p["record"]["record_id"] for p in found["records"]]
+    finally:
+        engine.close()
+    assert traces(data, {"type": old_type}) == {}
+    assert not (data / "engram.duckdb.rewrite").exists()

@@ -21,7 +21,18 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.store.engine import Engine
 from engram_memory.store.keyfile import new_key_file
 from engram_memory.store.postgres.backend import init_store
-from tests.store_fixtures import T0, admission_args, call, capture_args, ctx, forget_args, withdraw_args
+from tests.store_fixtures import (
+    AGENT_FIELDS,
+    PURPOSE,
+    T0,
+    admission_args,
+    call,
+    capture_args,
+    ctx,
+    forget_args,
+    unique_capture,
+    withdraw_args,
+)
 
 FORGET_TEXT = "Decision: the zorblaxquint velmarith rollout stays frozen until spring."
 WITHDRAW_TEXT = "Draft: move the plimbrathor gexwundle budget review to the second week."
@@ -87,3 +98,68 @@ def test_a_forgotten_records_key_leaves_the_databases_files(pg_database: str, tm
                 assert _files_holding(conn, token) == []
     finally:
         engine.close()
+
+
+def _node(pg_database: str, tmp_path: Path) -> Engine:
+    settings = EngineSettings(data_dir=tmp_path / "node", store=pg_database,
+                              master_key_file=tmp_path / "master.key", semantic=False)
+    return Engine.open(settings, clock=lambda: T0)
+
+
+def test_no_agent_written_field_reaches_the_databases_files(pg_database: str, tmp_path: Path) -> None:
+    """Issue 33 §1 on PostgreSQL: records.event_type held the agent's event type in the clear (and a
+    forget's dead tuple kept it). Now no agent-written value of a capture, its admission or its
+    forget is in any data file of the database, before or after the forget (the keyed digest
+    that replaces the type is, which shows the scan reads the records table's file)."""
+    with new_key_file(tmp_path / "master.key") as key:
+        init_store(pg_database, key)
+    engine = _node(pg_database, tmp_path)
+    c = ctx()
+    needles = {name: value.encode("utf-8") for name, value in AGENT_FIELDS.items()}
+    try:
+        cap = call(engine, "capture", c, unique_capture())
+        out = call(engine, "request_admission", c, admission_args(cap["candidate_id"],
+                                                                  key=AGENT_FIELDS["admission_key"]))
+        record_id = out["outcome"]["record_id"]
+        with psycopg.connect(pg_database, autocommit=True) as conn:
+            assert {name: _files_holding(conn, needle) for name, needle in needles.items()
+                    if _files_holding(conn, needle)} == {}
+            (kind,) = conn.execute("SELECT event_kind FROM records WHERE record_id = %s", [record_id]).fetchone()
+            assert kind.startswith("hmac-sha256:") and _files_holding(conn, kind.encode())
+            forgot = call(engine, "forget", c, forget_args(record_id, key=AGENT_FIELDS["forget_key"]))
+            assert forgot["projection_invalidation"] == "complete"
+            assert {name: _files_holding(conn, needle) for name, needle in needles.items()
+                    if _files_holding(conn, needle)} == {}
+    finally:
+        engine.close()
+
+
+def test_migrating_a_store_from_before_the_digest_rewrites_its_records(pg_database: str, tmp_path: Path) -> None:
+    """A store written before migration 6 kept event types in records.event_type: the node that
+    migrates clears and drops the column and rewrites the table (VACUUM FULL), so after a
+    CHECKPOINT no data file of the database holds a type (the WAL still may: SECURITY.md)."""
+    old_type = b"event:OLDPGPLAINEVT"
+    with new_key_file(tmp_path / "master.key") as key:
+        init_store(pg_database, key)
+    engine = _node(pg_database, tmp_path)
+    try:
+        cap = call(engine, "capture", ctx(), capture_args(FORGET_TEXT, key="cap-old-store-01"))
+        record_id = call(engine, "request_admission", ctx(),
+                         admission_args(cap["candidate_id"], key="adm-old-store-01"))["outcome"]["record_id"]
+    finally:
+        engine.close()
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        # The store as the previous version left it.
+        conn.execute("ALTER TABLE records ADD COLUMN event_type TEXT")
+        conn.execute("UPDATE records SET event_type = %s, event_kind = NULL WHERE record_id = %s",
+                     [old_type.decode(), record_id])
+        conn.execute("DELETE FROM schema_migrations WHERE version = 6")
+        assert _files_holding(conn, old_type), "the scan finds the old plaintext type first"
+        engine = _node(pg_database, tmp_path)
+        try:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (6,)
+            assert _files_holding(conn, old_type) == []
+            found = call(engine, "search", ctx(), {"query": "zorblaxquint", "purpose_ref": PURPOSE})
+            assert [p["record"]["record_id"] for p in found["records"]] == [record_id]
+        finally:
+            engine.close()

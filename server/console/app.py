@@ -3,8 +3,9 @@
 Security, all in this module: a one-time login token (printed at start) opens one session; every
 other page without a session answers 401; the session cookie is HttpOnly and SameSite=Strict;
 each session has a CSRF token that every form carries and every POST must present (403 and
-nothing done otherwise); every response carries a strict Content-Security-Policy (no script at
-all: the pages are plain HTML forms) and refuses framing, caching and referrers. A console
+nothing done otherwise), and a POST whose ``Origin`` names another site is refused (403) before
+anything else; every response carries a strict Content-Security-Policy (no script at
+all: the pages are plain HTML forms) and refuses framing, caching and referrers to other sites. A console
 bound to one scope (``scopes``) answers 404 for every other scope, as for an unknown one.
 
 What the pages read and do lives in the store (store/console_reads.py, store/console_ops.py);
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 import anyio
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -45,10 +46,13 @@ HEADERS = {
     "content-security-policy": CSP,
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",  # the login URL carries the token
+    # No referrer leaves the console (the login URL carries the token). Not "no-referrer": under it
+    # a browser sends "Origin: null" on the console's own form POSTs, which the Origin check refuses.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 PUBLIC = ("/login", "/static/")
+SAFE_METHODS = ("GET", "HEAD")  # every other method (the forms' POSTs) must come from this console's origin
 T = TypeVar("T")
 
 
@@ -109,12 +113,27 @@ class Guard:
                 "title": "Wrong host", "message": "Open the console at the address it printed."},
                 status_code=421)(scope, receive, send_with_headers)
             return
+        if scope.get("method") not in SAFE_METHODS and not same_origin(Request(scope).headers):
+            await templates.TemplateResponse(Request(scope), "message.html", {
+                "title": "403", "message": "This request came from another site; nothing was done."},
+                status_code=403)(scope, receive, send_with_headers)
+            return
         path = scope.get("path", "")
         if not path.startswith(PUBLIC) and session_of(self.state, Request(scope)) is None:
             await templates.TemplateResponse(Request(scope), "unauthorized.html", {}, status_code=401)(
                 scope, receive, send_with_headers)
             return
         await self.app(scope, receive, send_with_headers)
+
+
+def same_origin(headers: Headers) -> bool:
+    """A POST's ``Origin``, when the browser sent one, names this console as the request reached
+    it (its ``Host``; ``http`` or, behind a TLS front, ``https``). ``null`` is another origin."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    host = headers.get("host", "")
+    return bool(host) and origin in (f"http://{host}", f"https://{host}")
 
 
 def loopback_hosts(host: str, port: int) -> frozenset[str]:

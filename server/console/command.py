@@ -36,9 +36,9 @@ def console_cmd(
     import logging
 
     from engram_memory.server.config import check_bind
+    from engram_memory.server.logs import setup_stderr_logging
 
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_stderr_logging(getattr(logging, log_level.upper(), logging.WARNING))
     try:
         host, port = check_bind(bind, "--bind", allow_remote)
     except ValueError as exc:

@@ -21,6 +21,7 @@ from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
     APPROVAL_COLUMNS,
     PROJECTED_OPERATIONS,
+    RECORD_COLUMNS,
     Candidate,
     DueExpiry,
     JournalChange,
@@ -40,7 +41,7 @@ from engram_memory.store.backend import (
     register_store_errors,
 )
 from engram_memory.store.dirlock import lock_data_dir
-from engram_memory.store.duckdb.schema import migrate
+from engram_memory.store.duckdb.schema import migrate, rewrite_if_pending
 
 register_store_errors(duckdb.Error)
 
@@ -91,6 +92,7 @@ class Database:
             if (data_dir / name).exists():
                 os.chmod(data_dir / name, 0o600)
         migrate(self.con)
+        self.con = rewrite_if_pending(self.con, data_dir / STORE_FILE)
         row = self.con.execute("SELECT value FROM meta WHERE key = 'storage_epoch'").fetchone()
         epoch = int(row[0]) + 1 if row else 1
         self.con.execute(
@@ -335,7 +337,7 @@ class Database:
 
     def live_windows(self, scope_ref: str, state: str) -> list[LiveWindow]:
         return [LiveWindow(*row) for row in self.all(
-            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_type FROM records"
+            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_kind FROM records"
             " WHERE scope_ref = ? AND state = ?",
             [scope_ref, state],
         )]
@@ -588,10 +590,10 @@ class DuckDBUnitOfWork:
 
     def insert_record(self, r: NewRecord) -> None:
         self._con.execute(
-            "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO records ({', '.join(RECORD_COLUMNS)}) VALUES ({', '.join('?' * len(RECORD_COLUMNS))})",
             [r.record_id, r.scope_ref, r.candidate_id, r.state, r.record_digest, r.payload_digest,
              r.recorded_cursor, r.valid_t, r.valid_t_end, r.expires_at_ms, r.key_ref, r.body,
-             r.event_at, r.event_type],
+             r.event_at, r.event_kind],
         )
 
     def set_record_state(self, record_id: str, state: str) -> None:
@@ -599,7 +601,7 @@ class DuckDBUnitOfWork:
 
     def tombstone_record(self, record_id: str, state: str) -> None:
         self._con.execute(
-            "UPDATE records SET state = ?, key_ref = NULL, body = NULL, event_type = NULL WHERE record_id = ?",
+            "UPDATE records SET state = ?, key_ref = NULL, body = NULL, event_kind = NULL WHERE record_id = ?",
             [state, record_id]
         )
 

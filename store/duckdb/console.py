@@ -18,9 +18,9 @@ QUERIES = {
         " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
         " AND t.payload_digest = c.payload_digest) FROM candidates c"
         " WHERE c.scope_ref = ? AND c.state = 'pending' ORDER BY c.created_cursor"),
-    "records": ("SELECT record_id, state, recorded_cursor, record_digest, event_type FROM records"
+    "records": ("SELECT record_id, state, recorded_cursor, record_digest FROM records"
                 " WHERE scope_ref = ? ORDER BY recorded_cursor DESC, record_id LIMIT ?"),
-    "records_in_state": ("SELECT record_id, state, recorded_cursor, record_digest, event_type FROM records"
+    "records_in_state": ("SELECT record_id, state, recorded_cursor, record_digest FROM records"
                          " WHERE scope_ref = ? AND state = ? ORDER BY recorded_cursor DESC, record_id LIMIT ?"),
     "record": ("SELECT state, candidate_id, recorded_cursor, record_digest, payload_digest FROM records"
                " WHERE scope_ref = ? AND record_id = ?"),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import duckdb
 
+from engram_memory.retrieval._files import fsync_dir
 from engram_memory.store.timeutil import to_instant, wall_clock
 
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -144,7 +147,49 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        6,
+        "records keep a keyed digest of the event type, never the agent-written type itself",
+        """
+        ALTER TABLE records ADD COLUMN IF NOT EXISTS event_kind VARCHAR;
+        -- event_type stays as an always-NULL column (DuckDB cannot drop a column of an indexed
+        -- table); rows stored before get their kind from their sealed body
+        UPDATE records SET event_type = NULL WHERE event_type IS NOT NULL;
+        -- the old values stay in free blocks of the file: the opening process rewrites it
+        INSERT INTO meta VALUES ('rewrite_pending', '6') ON CONFLICT (key) DO NOTHING;
+        """,
+    ),
 ]
+# Set by a migration that left agent-written plaintext in the file's free blocks (DuckDB does not
+# overwrite a block it frees): the store is copied into a fresh file at open (rewrite_if_pending).
+REWRITE_PENDING = "rewrite_pending"
+
+
+def rewrite_if_pending(con: duckdb.DuckDBPyConnection, path: Path) -> duckdb.DuckDBPyConnection:
+    """The connection to the store at ``path``, copied first into a fresh file when a migration
+    asked for it (``REWRITE_PENDING``): only live rows are written, so nothing a freed block held
+    survives. Crash-safe: the marker leaves with the fresh copy only, which replaces the file
+    atomically once complete; until then the old file (marker included) stays as it was."""
+    if con.execute("SELECT 1 FROM meta WHERE key = ?", [REWRITE_PENDING]).fetchone() is None:
+        return con
+    fresh = path.with_name(path.name + ".rewrite")
+    for leftover in (fresh, fresh.with_name(fresh.name + ".wal")):
+        leftover.unlink(missing_ok=True)  # an earlier rewrite cut short
+    (name,) = con.execute("SELECT current_database()").fetchone() or ("",)
+    con.execute("ATTACH ? AS engram_rewrite", [str(fresh)])
+    con.execute(f'COPY FROM DATABASE "{name}" TO engram_rewrite')
+    con.execute("DELETE FROM engram_rewrite.meta WHERE key = ?", [REWRITE_PENDING])
+    con.execute("DETACH engram_rewrite")
+    con.close()  # checkpoints: no WAL of the old file is left to replay into the new one
+    fd = os.open(fresh, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(fresh, 0o600)
+    os.replace(fresh, path)
+    fsync_dir(path.parent)
+    return duckdb.connect(str(path))
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> None:

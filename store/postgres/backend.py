@@ -38,6 +38,7 @@ from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.store.backend import (
     APPROVAL_COLUMNS,
     PROJECTED_OPERATIONS,
+    RECORD_COLUMNS,
     Candidate,
     DueExpiry,
     JournalChange,
@@ -426,7 +427,7 @@ class PostgresStore:
 
     def live_windows(self, scope_ref: str, state: str) -> list[LiveWindow]:
         return [LiveWindow(*row) for row in self.all(
-            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_type FROM records"
+            "SELECT record_id, valid_t, valid_t_end, expires_at_ms, event_at, event_kind FROM records"
             " WHERE scope_ref = %s AND state = %s",
             [scope_ref, state],
         )]
@@ -748,10 +749,10 @@ class PostgresUnitOfWork:
 
     def insert_record(self, r: NewRecord) -> None:
         self._lock(r.scope_ref).execute(
-            "INSERT INTO records VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            f"INSERT INTO records ({', '.join(RECORD_COLUMNS)}) VALUES ({', '.join(['%s'] * len(RECORD_COLUMNS))})",
             [r.record_id, r.scope_ref, r.candidate_id, r.state, r.record_digest, r.payload_digest,
              r.recorded_cursor, r.valid_t, r.valid_t_end, r.expires_at_ms, r.key_ref, r.body,
-             r.event_at, r.event_type],
+             r.event_at, r.event_kind],
         )
 
     def set_record_state(self, record_id: str, state: str) -> None:
@@ -759,7 +760,7 @@ class PostgresUnitOfWork:
 
     def tombstone_record(self, record_id: str, state: str) -> None:
         self._conn.execute(
-            "UPDATE records SET state = %s, key_ref = NULL, body = NULL, event_type = NULL WHERE record_id = %s",
+            "UPDATE records SET state = %s, key_ref = NULL, body = NULL, event_kind = NULL WHERE record_id = %s",
             [state, record_id],
         )
 

@@ -17,9 +17,9 @@ QUERIES = {
         " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
         " AND t.payload_digest = c.payload_digest) FROM candidates c"
         " WHERE c.scope_ref = %s AND c.state = 'pending' ORDER BY c.created_cursor"),
-    "records": ("SELECT record_id, state, recorded_cursor, record_digest, event_type FROM records"
+    "records": ("SELECT record_id, state, recorded_cursor, record_digest FROM records"
                 " WHERE scope_ref = %s ORDER BY recorded_cursor DESC, record_id LIMIT %s"),
-    "records_in_state": ("SELECT record_id, state, recorded_cursor, record_digest, event_type FROM records"
+    "records_in_state": ("SELECT record_id, state, recorded_cursor, record_digest FROM records"
                          " WHERE scope_ref = %s AND state = %s ORDER BY recorded_cursor DESC, record_id LIMIT %s"),
     "record": ("SELECT state, candidate_id, recorded_cursor, record_digest, payload_digest FROM records"
                " WHERE scope_ref = %s AND record_id = %s"),

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.store.crypto import wrap
 from engram_memory.store.duckdb.backend import STORE_FILE
+from engram_memory.store.duckdb.schema import REWRITE_PENDING
 from engram_memory.store.duckdb.schema import migrate as duckdb_schema
 from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.postgres.migrate import TABLES
@@ -61,6 +62,7 @@ def export_store(url: str, master_key: bytes, key_file: Path, data_dir: Path) ->
         con = duckdb.connect(str(data_dir / STORE_FILE))
         try:
             duckdb_schema(con)
+            con.execute("DELETE FROM meta WHERE key = ?", [REWRITE_PENDING])  # a fresh file: nothing freed
             copied: dict[str, int] = {}
             con.begin()
             for table, columns in TABLES:

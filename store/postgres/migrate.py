@@ -32,7 +32,7 @@ import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.backend import StoreBusyError, StoreRefused
+from engram_memory.store.backend import RECORD_COLUMNS, StoreBusyError, StoreRefused
 from engram_memory.store.crypto import finish_rotation, unwrap, wrap
 from engram_memory.store.duckdb.backend import STORE_FILE, held_if_present
 from engram_memory.store.duckdb.schema import MIGRATIONS as DUCKDB_MIGRATIONS
@@ -48,9 +48,7 @@ TABLES: list[tuple[str, tuple[str, ...]]] = [
     ("journal", ("scope_ref", "cursor", "event_id", "operation", "body", "event_hash")),
     ("candidates", ("candidate_id", "scope_ref", "principal", "state", "created_cursor", "recorded_at",
                     "payload_digest", "record_digest", "key_ref", "envelope", "outcome")),
-    ("records", ("record_id", "scope_ref", "candidate_id", "state", "record_digest", "payload_digest",
-                 "recorded_cursor", "valid_t", "valid_t_end", "expires_at_ms", "key_ref", "body", "event_at",
-                 "event_type")),
+    ("records", RECORD_COLUMNS),  # the DuckDB table's always-NULL event_type is not copied
     ("tombstoned_payloads", ("scope_ref", "payload_digest", "record_id", "cursor")),
     ("idempotency", ("scope_ref", "principal", "key_digest", "tool", "intent_hash", "value", "created_at")),
     ("audit", ("audit_id", "called_at", "scope_ref", "principal", "agent_id", "session", "tool", "ok", "code",

@@ -198,18 +198,35 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        6,
+        "records keep a keyed digest of the event type, never the agent-written type itself",
+        """
+        ALTER TABLE records ADD COLUMN IF NOT EXISTS event_kind TEXT;
+        -- cleared before the drop, so no live tuple keeps a type; the node that applies this
+        -- rewrites the table (VACUUM FULL records: REWRITE_AFTER) so no dead one does either
+        UPDATE records SET event_type = NULL WHERE event_type IS NOT NULL;
+        ALTER TABLE records DROP COLUMN IF EXISTS event_type;
+        """,
+    ),
 ]
+# Tables a migration leaves dead tuples of plaintext in: rewritten (VACUUM FULL) once it is applied.
+REWRITE_AFTER: dict[int, tuple[str, ...]] = {6: ("records",)}
 
 
 def migration_digest(sql: str) -> str:
     return "sha256:" + hashlib.sha256(sql.encode()).hexdigest()
 
 
-def migrate(conn: psycopg.Connection) -> None:
+def migrate(conn: psycopg.Connection) -> list[int]:
     """Bring the database to the code's schema; refuse a ledger whose digests differ from the code's.
+    Returns the versions this call applied.
 
     The caller passes a connection with no transaction open: the lock, the ledger check and every
-    migration are one transaction, so a second node blocks on the lock, then finds them applied."""
+    migration are one transaction, so a second node blocks on the lock, then finds them applied.
+    A table named in ``REWRITE_AFTER`` for an applied version is then rewritten (VACUUM FULL, which
+    cannot run inside the transaction)."""
+    applied_now: list[int] = []
     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
         raise RuntimeError("migrate needs a connection with no transaction open")
     with conn.transaction():
@@ -231,3 +248,14 @@ def migrate(conn: psycopg.Connection) -> None:
                 "INSERT INTO schema_migrations VALUES (%s, %s, %s, %s)",
                 [version, name, digest, to_instant(wall_clock())],
             )
+            applied_now.append(version)
+    rewrite = sorted({t for v in applied_now for t in REWRITE_AFTER.get(v, ())})
+    if rewrite:
+        autocommit = conn.autocommit
+        conn.autocommit = True  # VACUUM runs outside any transaction
+        try:
+            for table in rewrite:
+                conn.execute(f"VACUUM FULL {table}")
+        finally:
+            conn.autocommit = autocommit
+    return applied_now
