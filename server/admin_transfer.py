@@ -138,17 +138,17 @@ def import_cmd(
     from engram_memory.store.transfer import import_items, read_items
 
     progress = _Progress()
-    progress.line(f"reading {from_}")
-    with _outcomes():
-        source = read_items(from_, allow_partial=allow_partial)  # the whole file, before the store is opened
-    progress.line(f"read {len(source.items)} item(s) ({source.format})")
+    with _outcomes():  # the whole file, before the store is opened (a refusal stays one line)
+        source = read_items(from_, allow_partial=allow_partial,
+                            reading=lambda lines: progress.line(f"reading {from_}: {lines} line(s)"))
     notes = list(source.notes)
     if source.scope is not None and source.scope != scope:
         notes.append(f"{from_} was exported from scope {source.scope}; its records are imported into {scope}")
     for note in notes:
         sys.stderr.write(f"engram-memory: note: {note}\n")
     try:
-        with _engine(data_dir, store, master_key_file, create=True) as engine, progress.bar(len(source.items)):
+        with _engine(data_dir, store, master_key_file, create=True) as engine, \
+                progress.bar(len(source.items), f"read {len(source.items)} item(s) ({source.format})"):
             report = import_items(engine, scope_ref, source.format, source.items, progress.advance,
                                   progress.line)
     except KeyboardInterrupt:
@@ -180,7 +180,9 @@ class _Progress:
             sys.stderr.flush()
 
     @contextmanager
-    def bar(self, total: int) -> Iterator[None]:
+    def bar(self, total: int, read: str) -> Iterator[None]:
+        """The importing phase (the store is open: a refusal before it stays one line)."""
+        self.line(read)
         self.total, self.last = total, time.monotonic()
         if not self.console.is_terminal:
             self.line(f"importing: 0/{total} item(s)")

@@ -123,6 +123,7 @@ class Item:
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one line of a JSON Lines file (a capture's arguments are at most 1 MiB)
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # one JSON object spread over lines (a pretty-printed read_graph)
 BOM = b"\xef\xbb\xbf"
+READ_EVERY = 10_000  # lines read between two progress reports while a file is read
 UNPAIRED = "INVALID_SCHEMA: text holds an unpaired surrogate (not valid Unicode)"
 DIGEST_MISMATCH = "DIGEST_MISMATCH: the payload does not match its payload_digest"
 
@@ -167,12 +168,15 @@ def _raw_lines(path: Path, fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
         yield number, raw.removeprefix(BOM) if number == 1 else raw
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """(number, value) of each non-blank line, streamed. A file whose first line is not JSON but
-    whose whole text is one JSON object (pretty-printed, as read_graph answers) is that one object."""
+def _lines(path: Path, reading: Callable[[int], None]) -> Iterator[tuple[int, Any]]:
+    """(number, value) of each non-blank line, streamed (``reading`` hears every READ_EVERY lines).
+    A file whose first line is not JSON but whose whole text is one JSON object (pretty-printed, as
+    read_graph answers) is that one object."""
     with open_regular(path) as fh:
         first = True
         for number, raw in _raw_lines(path, fh):
+            if number % READ_EVERY == 0:
+                reading(number)
             if not raw.strip():
                 continue
             text = _decode(path, number, raw)
@@ -212,12 +216,13 @@ class Source:
     notes: list[str] = field(default_factory=list)  # what --allow-partial let through
 
 
-def read_items(path: Path, *, allow_partial: bool = False) -> Source:
+def read_items(path: Path, *, allow_partial: bool = False,
+               reading: Callable[[int], None] = lambda lines: None) -> Source:
     """The file's format and its items, detected by content; raises AdminUsageError (naming the
     first bad line) for a file that is neither format, before anything is imported. An export is
     checked whole: the header's record count and every line's payload_digest (``allow_partial``:
     a mismatching line becomes an invalid item, a short file a note)."""
-    lines = _lines(path)
+    lines = _lines(path, reading)
     first = next(lines, None)
     if first is None:
         raise AdminUsageError(f"{path} holds no items")
