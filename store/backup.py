@@ -480,27 +480,11 @@ def restore_postgres(backup: Path, backup_key: bytes, url: str, master_key: byte
 def _postgres_ahead(url: str, manifest: dict[str, Any], staged: Path) -> str:
     """How far the PostgreSQL store at ``url`` is ahead of the backup (``ahead_of``), when it is a
     copy of the same store; "" otherwise (another store, or one that cannot be read)."""
-    import psycopg
+    from engram_memory.store.postgres.inspect import store_heads
 
-    from engram_memory.store.postgres.inspect import connect
-
-    try:
-        con = connect(url)
-    except StoreError:
+    heads = store_heads(url, manifest["store_id"])
+    if heads is None:
         return ""
-    try:
-        if con.execute("SELECT to_regclass('scopes') IS NOT NULL AND to_regclass('meta') IS NOT NULL"
-                       ).fetchone() != (True,):
-            return ""
-        row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
-        if row is None or row[0] != manifest["store_id"]:
-            return ""
-        heads = {str(s): (int(hw), str(h)) for s, hw, h in con.execute(
-            "SELECT scope_ref, high_water, last_event_hash FROM scopes").fetchall()}
-    except psycopg.Error:
-        return ""
-    finally:
-        con.close()
     backup_heads = manifest["heads"]
     reached = {scope: hw for scope, (hw, _h) in heads.items()
                if 0 < hw <= int(backup_heads.get(scope, {}).get("cursor", 0))}

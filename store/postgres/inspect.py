@@ -36,6 +36,28 @@ def connect(url: str) -> psycopg.Connection:
         raise StoreRefused(f"cannot connect to the PostgreSQL store ({reason})") from None
 
 
+def store_heads(url: str, store_id: str) -> dict[str, tuple[int, str]] | None:
+    """Each scope's journal head (high water, last event hash) of the PostgreSQL store at ``url``
+    when it is the store ``store_id``; None for another store, no store, or one that cannot be read."""
+    try:
+        con = connect(url)
+    except StoreRefused:
+        return None
+    try:
+        if con.execute("SELECT to_regclass('scopes') IS NOT NULL AND to_regclass('meta') IS NOT NULL"
+                       ).fetchone() != (True,):
+            return None
+        row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        if row is None or row[0] != store_id:
+            return None
+        return {str(s): (int(hw), str(h)) for s, hw, h in con.execute(
+            "SELECT scope_ref, high_water, last_event_hash FROM scopes").fetchall()}
+    except psycopg.Error:
+        return None
+    finally:
+        con.close()
+
+
 def check_identity(conn: psycopg.Connection, master_key: bytes | None, key_file: Path | None) -> None:
     """Refuse a database that is not an initialised store, or a key that is not its master key."""
     present = conn.execute("SELECT to_regclass('store_identity') IS NOT NULL").fetchone()
