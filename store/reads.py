@@ -174,7 +174,7 @@ class ReadPath:
                        for h, p in zip(shown, packets, strict=True)],
             "issued_at": to_instant(now),
         }
-        if fused and self.fusion.lexical_scale(coverage) < 1.0:  # this query's, not the profile's
+        if fused and hits["lexical"] and self.fusion.lexical_scale(coverage) < 1.0:  # it scaled lexical hits
             fusion["lexical_coverage"] = coverage
         receipt["receipt_digest"] = receipt_digest("rank-receipt", receipt)
         value: dict[str, Any] = {"records": packets, "rank_receipt": receipt}
