@@ -15,9 +15,10 @@ Identification, in this order:
 * otherwise py3langid (pinned, models inside the package), restricted to ``IDENTIFIED``, on the
   first ``IDENTIFY_CHARS`` characters; mixed text goes to the language most of it is in.
 
-Scripts without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) are cut into overlapping character
-bigrams before any analyzer sees them (``segment``), in every language's analysis: a Chinese name
-inside an English note is searchable, and a Chinese question finds a Chinese paragraph.
+Scripts without spaces are cut into overlapping character n-grams (bigrams of Han and kana,
+trigrams of Thai, Lao, Khmer and Myanmar) before any analyzer sees them (``segment``), in every
+language's analysis: a Chinese name inside an English note is searchable, and a Chinese question
+finds a Chinese paragraph.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class Analysis:
     fold: bool = False  # ASCII/accent folding after the stemmer
 
     def description(self) -> str:
-        steps = ["segment(bigrams: Han, kana, Thai, Lao, Khmer, Myanmar)", "tantivy simple", "remove_long(40)",
-                 "lowercase"]
+        steps = ["segment(bigrams: Han, kana; trigrams: Thai, Lao, Khmer, Myanmar)", "tantivy simple",
+                 "remove_long(40)", "lowercase"]
         if self.stopwords == "custom":
             steps.append(f"stopwords(nltk english, {len(STOPWORDS_EN)})")
         elif self.stopwords:
@@ -126,7 +127,7 @@ ANALYSES: tuple[Analysis, ...] = (
     _stem_stop("ar", "arabic", stop=False, fold=False),
     Analysis("zh", "engram_zh_bigram_v1"),
     Analysis("ja", "engram_ja_bigram_v1"),
-    Analysis("th", "engram_th_bigram_v1"),
+    Analysis("th", "engram_th_trigram_v1"),
     Analysis("vi", "engram_vi_words_v1"),
     Analysis("ko", "engram_ko_words_v1"),
     Analysis("xx", "engram_xx_words_v1"),  # every other language: words, lowercased
@@ -142,9 +143,12 @@ _ALIASES = {"nn": "no"}
 
 # -- scripts -----------------------------------------------------------------------------------------
 
-_NO_SPACE = (r"\u0e00-\u0e7f\u0e80-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf"
-             r"\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff")
-_NO_SPACE_RUN = re.compile(f"[{_NO_SPACE}]+")
+# Han and kana are cut into character bigrams (most Chinese words are two characters); the
+# abugidas without spaces (Thai, Lao, Khmer, Myanmar), whose vowels and tones are combining marks,
+# into trigrams: on XQuAD Thai, lexical nDCG@10 0.933 with bigrams, 0.967 with trigrams.
+_HAN = r"\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff"
+_ABUGIDA = r"\u0e00-\u0e7f\u0e80-\u0eff\u1000-\u109f\u1780-\u17ff"
+_NO_SPACE_RUN = re.compile(f"[{_HAN}]+|[{_ABUGIDA}]+")
 
 
 _SCRIPTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(f"[{chars}]")) for name, chars in (
@@ -170,8 +174,9 @@ _SHORT_FALLBACK = {"latin": "en", "cyrillic": "ru", "arabic": "ar", "greek": "el
 
 
 def segment(text: str) -> str:
-    """``text`` with every run of a script without spaces cut into overlapping character bigrams
-    (a single character stays itself); everything else unchanged."""
+    """``text`` with every run of a script without spaces cut into overlapping character n-grams
+    (bigrams of Han and kana, trigrams of Thai, Lao, Khmer and Myanmar; a shorter run stays
+    itself); everything else unchanged."""
     if not _NO_SPACE_RUN.search(text):
         return text
     return _NO_SPACE_RUN.sub(_bigrams, text)
@@ -179,9 +184,10 @@ def segment(text: str) -> str:
 
 def _bigrams(match: re.Match[str]) -> str:
     run = match.group(0)
-    if len(run) < 2:
+    n = 2 if run[0] > "\u2fff" else 3  # Han and kana; else Thai, Lao, Khmer, Myanmar
+    if len(run) <= n:
         return f" {run} "
-    return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
+    return " " + " ".join(run[i:i + n] for i in range(len(run) - n + 1)) + " "
 
 
 # -- identification ----------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_each_language_answers_its_own_questions_and_receipts_name_the_analyzer(
             # the query was analysed for every language the scope holds, in ANALYSES order
             assert receipt["channels"][0]["analyzer"] == (
                 "engram_en_stem_stop_v3|engram_de_stem_stop_fold_v1|engram_es_stem_stop_fold_v1|"
-                "engram_zh_bigram_v1|engram_th_bigram_v1+qtf_sqrt")
+                "engram_zh_bigram_v1|engram_th_trigram_v1+qtf_sqrt")
         # one language's words do not match another's fields: "die" is a German stop word only
         assert [r["record_id"] for r in search(engine, "die")["rank_receipt"]["ranked"]] == []
 
