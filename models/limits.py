@@ -41,6 +41,11 @@ CHANNEL_DEPTH: Final = 1000  # hits taken from each channel before fusion
 # A record only the semantic channel found is shown only at this cosine or above, so a query
 # like nothing stored answers []: chosen on the development collections (studies/fusion-study.md).
 SEMANTIC_FLOOR: Final = 0.3
+# Fusion across languages: the lexical channel's weight is scaled by min(1, coverage / this), the
+# coverage being the share of the query's terms some record of the scope holds (in the best of the
+# scope's languages). A question in another language than the memory's shares few words with it,
+# and those few (names, numbers) would pull a good semantic ranking down (retrieval/ranking.py).
+LEXICAL_COVERAGE_FULL: Final = 0.5
 # The ranking's top RERANK_HEAD (hybrid or one channel) are reordered by who said a record and how
 # its neighbours in event order scored (retrieval/rerank.py): head and weights chosen by rotation on
 # LoCoMo (studies/rerank-study.md); both are inert on records without speaker labels or event order.

@@ -160,12 +160,14 @@ class Fusion(Closed):
     k: Rank = ABSENT
     weights: FusionWeights = ABSENT
     semantic_floor: Score = ABSENT
+    lexical_coverage: Score = ABSENT  # when it scaled the lexical weight down (retrieval/ranking.py)
     rerank: Rerank = ABSENT
 
 
 class ChannelRank(Closed):
     rank: Rank
     score: Score
+    analyzer: str = ABSENT  # a lexical hit: the analyzer of its language (retrieval/languages.py)
 
 
 class RankedEntry(Closed):

@@ -13,11 +13,14 @@ Determinism and purge rules (see ENVIRONMENT_NOTES §3, LANDSCAPE §2.2/§4.1):
 * Adds of new ids are plain commits; segment count does not change scores (global stats).
 * Ties are broken in Python on ``record_id``; tantivy's own tie order follows doc addresses.
 * Queries are built from the analyzer's tokens, never ``parse_query`` (which raises on user text).
+* Each record is analysed for its language (``retrieval/languages.py``) into that language's own
+  fields; a query is analysed for every language the index holds, each against its own fields.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import math
 import re
@@ -33,40 +36,24 @@ from typing import Any
 
 import tantivy
 
+from engram_memory.retrieval import languages
 from engram_memory.retrieval._files import read_json, write_json
 
 log = logging.getLogger(__name__)
 
 FIELDS: tuple[str, ...] = ("primary", "decision", "evidence", "context", "citations")
 ID_FIELD = "id"
-TOKENIZER_NAME = "engram_en_stem_stop_v2"
 # The query side: how a term repeated in the query weighs (query_term_weight). The rank receipt names
-# analyzer and weighting together (RANKING_NAME), so a receipt re-derives with the same scores.
+# the analyzers and the weighting together (ranking_name), so a receipt re-derives with the same scores.
 QUERY_WEIGHTING = "qtf_sqrt"
+TOKENIZER_NAME = languages.BY_CODE["en"].name  # English: the default analysis (an empty scope's)
 RANKING_NAME = f"{TOKENIZER_NAME}+{QUERY_WEIGHTING}"
-TOKENIZER_DESCRIPTION = ("tantivy simple + remove_long(40) + lowercase + stopwords(nltk english, 179) + "
-                         "stemmer(english)")
-# NLTK's English stop words (179; bm25s.stopwords.STOPWORDS_EN_PLUS). Question words and auxiliaries
-# ("what", "when", "did", "you") otherwise match short conversational records with full BM25 weight:
-# measured in studies/lexical-study.md (LoCoMo mean nDCG@10 0.470 -> 0.516, at or above bm25s on every
-# development collection). Words with an apostrophe never match (the tokenizer splits on it); kept
-# verbatim so the list stays the published one.
-STOPWORDS: tuple[str, ...] = (
-    'a', 'about', 'above', 'after', 'again', 'against', 'ain', 'all', 'am', 'an', 'and', 'any', 'are', 'aren',
-    "aren't", 'as', 'at', 'be', 'because', 'been', 'before', 'being', 'below', 'between', 'both', 'but', 'by',
-    'can', 'couldn', "couldn't", 'd', 'did', 'didn', "didn't", 'do', 'does', 'doesn', "doesn't", 'doing', 'don',
-    "don't", 'down', 'during', 'each', 'few', 'for', 'from', 'further', 'had', 'hadn', "hadn't", 'has', 'hasn',
-    "hasn't", 'have', 'haven', "haven't", 'having', 'he', 'her', 'here', 'hers', 'herself', 'him', 'himself',
-    'his', 'how', 'i', 'if', 'in', 'into', 'is', 'isn', "isn't", 'it', "it's", 'its', 'itself', 'just', 'll', 'm',
-    'ma', 'me', 'mightn', "mightn't", 'more', 'most', 'mustn', "mustn't", 'my', 'myself', 'needn', "needn't", 'no',
-    'nor', 'not', 'now', 'o', 'of', 'off', 'on', 'once', 'only', 'or', 'other', 'our', 'ours', 'ourselves', 'out',
-    'over', 'own', 're', 's', 'same', 'shan', "shan't", 'she', "she's", 'should', "should've", 'shouldn',
-    "shouldn't", 'so', 'some', 'such', 't', 'than', 'that', "that'll", 'the', 'their', 'theirs', 'them',
-    'themselves', 'then', 'there', 'these', 'they', 'this', 'those', 'through', 'to', 'too', 'under', 'until',
-    'up', 've', 'very', 'was', 'wasn', "wasn't", 'we', 'were', 'weren', "weren't", 'what', 'when', 'where',
-    'which', 'while', 'who', 'whom', 'why', 'will', 'with', 'won', "won't", 'wouldn', "wouldn't", 'y', 'you',
-    "you'd", "you'll", "you're", "you've", 'your', 'yours', 'yourself', 'yourselves',
-)
+TOKENIZER_DESCRIPTION = languages.BY_CODE["en"].description()
+STOPWORDS = languages.STOPWORDS_EN
+# A record's language and its original fields (JSON), kept so the index can rewrite itself.
+LANG_FIELD = "lang"
+LANG_NO = "lang_no"
+SOURCE_FIELD = "src"
 INDEX_OPTION = "freq"  # BM25 needs term frequencies only; positions would just grow the index
 SIDECAR = "engram_projection.json"
 SIDECAR_FORMAT = 1
@@ -112,6 +99,7 @@ class LexicalConfig:
             "engine_version": TANTIVY_VERSION,
             "tokenizer": TOKENIZER_NAME,
             "tokenizer_description": TOKENIZER_DESCRIPTION,
+            **languages.describe(),
             "query_weighting": QUERY_WEIGHTING,
             "bm25": dict(BM25),
             "field_weights": self.weights(),
@@ -123,11 +111,31 @@ REFERENCE_PROFILE = LexicalConfig()
 
 
 @dataclass(frozen=True)
+class LexicalResult:
+    """A lexical search: the ranked hits, each hit's analyzer, the languages the query was
+    analysed for, and its coverage (the share of its terms found in the scope, see ``_coverage``)."""
+
+    hits: list[tuple[str, float]]
+    analyzers: dict[str, str]  # record id -> the analyzer name of its language
+    languages: list[str]
+    coverage: float
+
+    @property
+    def analyzer(self) -> str:
+        """What the channel receipt names: the query's analyzers and its term weighting."""
+        return "|".join(languages.BY_CODE[code].name for code in self.languages) + f"+{QUERY_WEIGHTING}"
+
+
+@dataclass(frozen=True)
 class LexicalDoc:
-    """One accepted record as the lexical channel sees it; missing fields are empty."""
+    """One accepted record as the lexical channel sees it; missing fields are empty.
+
+    ``language`` is the analysis code of its text (``retrieval/languages.py``), identified from the
+    fields when not given (a document read back from the index carries the one it was given)."""
 
     record_id: str
     fields: Mapping[str, str]
+    language: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.record_id, str) or not self.record_id:
@@ -144,30 +152,41 @@ class LexicalDoc:
             normalised[name] = value
         self.record_id.encode("utf-8")
         object.__setattr__(self, "fields", MappingProxyType(normalised))
+        if not self.language:
+            object.__setattr__(self, "language", languages.identify("\n".join(v for v in normalised.values() if v)))
+        elif self.language not in languages.BY_CODE:
+            raise ValueError(f"unknown language {self.language!r}")
 
 
-def build_analyzer() -> tantivy.TextAnalyzer:
-    """The index and query analyzer: tantivy's ``en_stem`` plus the NLTK English stop words."""
-    return (
-        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-        .filter(tantivy.Filter.remove_long(40))
-        .filter(tantivy.Filter.lowercase())
-        .filter(tantivy.Filter.custom_stopword(list(STOPWORDS)))
-        .filter(tantivy.Filter.stemmer("english"))
-        .build()
-    )
+def build_analyzer(code: str = "en") -> tantivy.TextAnalyzer:
+    """The index and query analyzer of one language (English: ``en_stem`` plus NLTK's stop words)."""
+    return languages.BY_CODE[code].build()
 
 
-_ANALYZER = build_analyzer()
+_ANALYZERS: dict[str, tantivy.TextAnalyzer] = {}
 
 
-def query_term_counts(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> dict[str, int]:
-    """Analyzed tokens of ``text`` -> times each occurs (first ``max_terms`` distinct by appearance), sorted."""
+def _analyzer(code: str) -> tantivy.TextAnalyzer:
+    found = _ANALYZERS.get(code)
+    if found is None:
+        found = _ANALYZERS[code] = build_analyzer(code)
+    return found
+
+
+def field_name(name: str, code: str) -> str:
+    """The indexed field holding ``name`` of a record in language ``code``."""
+    return f"{name}_{code}"
+
+
+def query_term_counts(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms,
+                      code: str = "en") -> dict[str, int]:
+    """Tokens of ``text`` analysed for language ``code`` -> times each occurs (first ``max_terms``
+    distinct by appearance), sorted."""
     if not isinstance(text, str):
         raise TypeError("query must be a string")
     safe = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> '?', dropped
     seen: dict[str, int] = {}
-    for token in _ANALYZER.analyze(safe):
+    for token in _analyzer(code).analyze(languages.segment(safe)):
         if token in seen:
             seen[token] += 1
         elif len(seen) < max_terms:
@@ -175,9 +194,9 @@ def query_term_counts(text: str, max_terms: int = REFERENCE_PROFILE.max_query_te
     return dict(sorted(seen.items()))
 
 
-def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms) -> list[str]:
-    """Distinct analyzed tokens of ``text`` (first ``max_terms`` by appearance), sorted."""
-    return list(query_term_counts(text, max_terms))
+def query_terms(text: str, max_terms: int = REFERENCE_PROFILE.max_query_terms, code: str = "en") -> list[str]:
+    """Distinct tokens of ``text`` analysed for language ``code`` (first ``max_terms`` by appearance), sorted."""
+    return list(query_term_counts(text, max_terms, code))
 
 
 def query_term_weight(count: int) -> float:
@@ -216,9 +235,15 @@ def _schema() -> tantivy.Schema:
     sb.add_text_field(ID_FIELD, stored=True, tokenizer_name="raw", index_option="basic")
     for word in ID_WORDS:
         sb.add_unsigned_field(word, fast=True)
-    for name in FIELDS:
-        # stored=True: the index must be able to rewrite itself without the store (see module doc).
-        sb.add_text_field(name, stored=True, tokenizer_name=TOKENIZER_NAME, index_option=INDEX_OPTION)
+    sb.add_text_field(LANG_FIELD, stored=True, tokenizer_name="raw", index_option="basic")
+    sb.add_unsigned_field(LANG_NO, fast=True)
+    # The original fields, stored: the index must be able to rewrite itself without the store (see
+    # module doc). The analysed fields (one set per language) are indexed only.
+    sb.add_bytes_field(SOURCE_FIELD, stored=True, indexed=False, fast=False)
+    for analysis in languages.ANALYSES:
+        for name in FIELDS:
+            sb.add_text_field(field_name(name, analysis.code), stored=False, tokenizer_name=analysis.name,
+                              index_option=INDEX_OPTION)
     return sb.build()
 
 
@@ -255,7 +280,8 @@ class LexicalIndex:
             index = tantivy.Index(_schema(), path=str(path), reuse=True)
         except ValueError as exc:
             raise LexicalIndexError("directory holds an incompatible lexical index") from exc
-        index.register_tokenizer(TOKENIZER_NAME, build_analyzer())
+        for analysis in languages.ANALYSES:
+            index.register_tokenizer(analysis.name, analysis.build())
         index.config_reader(reload_policy="Manual")  # we reload after each commit; no async surprises
         return cls(path, index, config)
 
@@ -377,23 +403,37 @@ class LexicalIndex:
     def query_terms(self, text: str) -> list[str]:
         return query_terms(text, self._config.max_query_terms)
 
-    def search(self, query: str, limit: int) -> list[tuple[str, float]]:
-        """Top ``limit`` (clamped to [1, 2000]) hits as ``(record_id, bm25)``, by (-score, record_id).
+    def languages(self) -> list[str]:
+        """The analysis codes of the languages the index holds records in, in ``ANALYSES`` order."""
+        with self._lock:
+            self._live_writer()
+            return self._languages(self._index.searcher())
 
-        The score is Σ_terms Σ_fields weight_f · BM25_f(term) with tantivy's per-field statistics.
+    def search(self, query: str, limit: int) -> list[tuple[str, float]]:
+        """Top ``limit`` (clamped to [1, 2000]) hits as ``(record_id, bm25)``, by (-score, record_id)."""
+        return self.search_analyzed(query, limit).hits
+
+    def search_analyzed(self, query: str, limit: int) -> LexicalResult:
+        """``search`` with what the receipt names: each hit's analysis and the query's coverage.
+
+        The query is analysed for every language the scope holds records in, and each language's
+        terms are looked up in that language's fields only. The score is
+        Σ_languages Σ_terms Σ_fields weight_f · BM25_f(term), each field with its own statistics.
         Ties at the cut are resolved on ``record_id``: we keep fetching until the hit after the
         cut scores strictly lower, so the answer never depends on tantivy's doc addresses.
         """
         limit = max(1, min(int(limit), MAX_LIMIT))
-        terms = query_term_counts(query, self._config.max_query_terms)
-        if not terms:
-            return []
         with self._lock:
             self._live_writer()
             searcher = self._index.searcher()
+            present = self._languages(searcher)
+            codes = present or [languages.DEFAULT_LANGUAGE]
+            terms = {code: query_term_counts(query, self._config.max_query_terms, code) for code in codes}
+            terms = {code: found for code, found in terms.items() if found}
             total = int(searcher.num_docs)
-            if total == 0:
-                return []
+            if not terms or total == 0:
+                return LexicalResult([], {}, codes, 0.0)
+            coverage = self._coverage(searcher, terms)
             q = self._build_query(terms)
             fetch = min(limit + 1, total)
             while True:
@@ -404,12 +444,30 @@ class LexicalIndex:
             if len(hits) > limit:  # below the cut's score nothing can rank: no id to spell for it
                 cut = hits[limit - 1][0]
                 hits = [hit for hit in hits if hit[0] >= cut]
-            ids = self._hit_ids(searcher, [addr for _score, addr in hits])
+            addrs = [addr for _score, addr in hits]
+            ids = self._hit_ids(searcher, addrs)
+            numbers = searcher.fast_field_values(LANG_NO, addrs) if addrs else []
             ranked = sorted(
                 ((rid, float(score)) for rid, (score, _addr) in zip(ids, hits, strict=True)),
                 key=lambda hit: (-hit[1], hit[0]),
-            )
-            return ranked[:limit]
+            )[:limit]
+            names = {rid: languages.ANALYSES[int(no or 0)].name for rid, no in zip(ids, numbers, strict=True)}
+            return LexicalResult(ranked, {rid: names[rid] for rid, _ in ranked}, codes, coverage)
+
+    @staticmethod
+    def _languages(searcher: tantivy.Searcher) -> list[str]:
+        return [a.code for a in languages.ANALYSES if searcher.doc_freq(LANG_FIELD, a.code) > 0]
+
+    def _coverage(self, searcher: tantivy.Searcher, terms: Mapping[str, Mapping[str, int]]) -> float:
+        """The largest share, over the scope's languages, of the query's terms (analysed for that
+        language) that some record of it holds: 1.0 when every query word is found, 0.0 when none."""
+        fields = [name for name, weight in self._config.weights().items() if weight > 0.0]
+        best = 0.0
+        for code, counts in terms.items():
+            found = sum(1 for term in counts
+                        if any(searcher.doc_freq(field_name(f, code), term) > 0 for f in fields))
+            best = max(best, found / len(counts))
+        return best
 
     def _hit_ids(self, searcher: tantivy.Searcher, addrs: list[Any]) -> list[str]:
         columns = [searcher.fast_field_values(word, addrs) for word in ID_WORDS]
@@ -440,19 +498,20 @@ class LexicalIndex:
             raise LexicalIndexError("lexical index is closed")
         return self._writer
 
-    def _build_query(self, terms: Mapping[str, int]) -> tantivy.Query:
+    def _build_query(self, terms: Mapping[str, Mapping[str, int]]) -> tantivy.Query:
         schema = self._index.schema
         clauses = [
             (
                 tantivy.Occur.Should,
                 tantivy.Query.boost_query(
-                    tantivy.Query.term_query(schema, name, term, index_option=INDEX_OPTION),
+                    tantivy.Query.term_query(schema, field_name(name, code), term, index_option=INDEX_OPTION),
                     weight * query_term_weight(count),
                 ),
             )
+            for code, counts in terms.items()
             for name, weight in self._config.weights().items()
             if weight > 0.0
-            for term, count in terms.items()
+            for term, count in counts.items()
         ]
         return tantivy.Query.boolean_query(clauses)
 
@@ -479,7 +538,8 @@ class LexicalIndex:
         for _score, addr in self._search(searcher, q, n):
             stored = searcher.doc(addr).to_dict()
             rid = stored[ID_FIELD][0]
-            out[rid] = LexicalDoc(rid, {f: stored[f][0] if stored.get(f) else "" for f in FIELDS})
+            out[rid] = LexicalDoc(rid, json.loads(bytes(stored[SOURCE_FIELD][0]).decode("utf-8")),
+                                  stored[LANG_FIELD][0])
         return out
 
     def _rewrite(self, docs: Mapping[str, LexicalDoc]) -> None:
@@ -567,8 +627,11 @@ class LexicalIndex:
 
 
 def _to_document(doc: LexicalDoc) -> tantivy.Document:
-    values = {name: text for name, text in doc.fields.items() if text}
-    document = tantivy.Document(**{ID_FIELD: doc.record_id}, **values)
+    values = {field_name(name, doc.language): languages.segment(text) for name, text in doc.fields.items() if text}
+    document = tantivy.Document(**{ID_FIELD: doc.record_id, LANG_FIELD: doc.language}, **values)
+    document.add_unsigned(LANG_NO, languages.LANGUAGE_NO[doc.language])
+    document.add_bytes(SOURCE_FIELD, json.dumps(dict(doc.fields), ensure_ascii=False,
+                                                separators=(",", ":")).encode("utf-8"))
     words = id_words(doc.record_id)
     if words is not None:
         for name, word in zip(ID_WORDS, words, strict=True):

@@ -39,6 +39,7 @@ class ChannelState:
     model_id: str | None  # None: no embedder configured
     model_digest: str | None  # None: unknown (missing model) -- omitted, never null
     model_runtime: str | None = None  # what ran the model's forward pass (None: not loaded)
+    lexical_analyzer: str = RANKING_NAME  # the query's analyzers (one per language of the scope)
 
 
 def channel_receipts(state: ChannelState) -> list[dict[str, Any]]:
@@ -51,7 +52,7 @@ def channel_receipts(state: ChannelState) -> list[dict[str, Any]]:
             "engine_version": version,
             "index_kind": "bm25",
             "index_cursor": state.lexical_cursor or "0",
-            "analyzer": RANKING_NAME,  # re-deriving a ranking needs the same tokens and query weights
+            "analyzer": state.lexical_analyzer,  # re-deriving a ranking needs the same tokens and query weights
         }
     ]
     sem: dict[str, Any] = {
@@ -103,10 +104,13 @@ def profile_config_digest(
     return receipt_digest("recall-profile-config", config, "profile_config_digest")
 
 
-def ranked_entry(hit: RankedHit, rank_no: int) -> dict[str, Any]:
+def ranked_entry(hit: RankedHit, rank_no: int, analyzers: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A receipt's entry; a lexical hit names the analyzer of its language (``analyzers``: id -> name)."""
     entry: dict[str, Any] = {"record_id": hit.record_id, "rank": rank_no, "score": hit.score}
     for channel, (channel_rank, raw) in hit.channels.items():
         entry[channel] = {"rank": channel_rank, "score": raw}
+        if channel == "lexical" and analyzers and hit.record_id in analyzers:
+            entry[channel]["analyzer"] = analyzers[hit.record_id]
     return entry
 
 

@@ -164,6 +164,15 @@ def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) 
         for (_, s1, _), (_, s2, i2) in zip(by_rank, by_rank[1:], strict=False):
             if s2 < s1:  # a channel ranks by its own score, highest first
                 problems.append(f"rank_receipt.ranked[{i2}].{channel}: its score is above a better-ranked entry's")
+    # A lexical hit's analyzer is one the query was analysed with (the channel names them all).
+    lexical_receipt: dict[str, Any] = next((c for c in r["channels"] if c.get("channel") == "lexical"), {})
+    query_analyzers = str(lexical_receipt.get("analyzer", "")).rpartition("+")[0].split("|")
+    checked.append("analyzers")
+    for i, entry in enumerate(ranked):
+        hit = entry.get("lexical")
+        if isinstance(hit, dict) and "analyzer" in hit and hit["analyzer"] not in query_analyzers:
+            problems.append(f"rank_receipt.ranked[{i}].lexical.analyzer {hit['analyzer']} is not one the"
+                            " lexical channel names")
     # The page shows the whole ranking when it starts it and nothing follows (no next page, or
     # every candidate ranked): then its ids are the ordered ids.
     whole = start == 1 and (r.get("candidate_count") == len(ranked) if receipt.value is None

@@ -20,6 +20,7 @@ from engram_memory.models.digests import digest_bytes, receipt_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.limits import CHANNEL_DEPTH, RESULT_BOUND
 from engram_memory.retrieval import paging
+from engram_memory.retrieval.lexical import LexicalResult
 from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig, Ranking, floored, rank
@@ -107,14 +108,17 @@ class ReadPath:
             valid_as_of, offset = pin.valid_as_of, pin.offset
 
         hits: dict[str, list[tuple[str, float]]] = {}
+        lexical = None
         if "lexical" in self.channels:
-            hits["lexical"] = self.projections.lexical(scope).search(args["query"], CHANNEL_DEPTH)
+            lexical = self.projections.lexical(scope).search_analyzed(args["query"], CHANNEL_DEPTH)
+            hits["lexical"] = lexical.hits
         query_vector = plan.vector() if semantic else None
         if query_vector is not None:
             hits["semantic"] = self.projections.vectors(scope).search(query_vector, CHANNEL_DEPTH)
         eligible = view.eligible(set().union(*(map(itemgetter(0), found) for found in hits.values())), valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
-        ranking = rank(hits, self.fusion)
+        coverage = lexical.coverage if lexical is not None else 1.0
+        ranking = rank(hits, self.fusion, coverage)
         # Every ranking, fused or one channel's (lexical_v1 while the model loads or without it).
         stage = self.rerank if hits else None
         if stage is not None:
@@ -145,7 +149,7 @@ class ReadPath:
             encoded.append(packet_jcs)
             total += len(packet_jcs)
         shown = page[:len(packets)]
-        receipts = channel_receipts(self._channel_state(scope, semantic))
+        receipts = channel_receipts(self._channel_state(scope, semantic, lexical))
         fused = len(hits) > 1
         fusion = self.fusion.describe(fused, floored(hits))
         if stage is not None:
@@ -166,9 +170,12 @@ class ReadPath:
             "ordered_ids_digest": ordered_digest,
             "channels": receipts,
             "fusion": fusion,
-            "ranked": [ranked_entry(h, p["rank"]) for h, p in zip(shown, packets, strict=True)],
+            "ranked": [ranked_entry(h, p["rank"], lexical.analyzers if lexical is not None else None)
+                       for h, p in zip(shown, packets, strict=True)],
             "issued_at": to_instant(now),
         }
+        if fused and hits["lexical"] and self.fusion.lexical_scale(coverage) < 1.0:  # it scaled lexical hits
+            fusion["lexical_coverage"] = coverage
         receipt["receipt_digest"] = receipt_digest("rank-receipt", receipt)
         value: dict[str, Any] = {"records": packets, "rank_receipt": receipt}
         next_offset = offset + len(packets)
@@ -203,7 +210,7 @@ class ReadPath:
         facts = {rid: HeadFacts(labels.get(rid, frozenset()), view.timeline.neighbours(rid)) for rid in head}
         return Ranking(rerank(query, ranking.fused, facts, stage), ranking.channels)
 
-    def _channel_state(self, scope: str, semantic: bool) -> ChannelState:
+    def _channel_state(self, scope: str, semantic: bool, lexical: LexicalResult | None = None) -> ChannelState:
         semantic = semantic and "semantic" in self.channels
         vectors = self.projections.vectors(scope) if semantic else None
         model_id, model_digest, model_runtime = self.model_identity()
@@ -216,6 +223,7 @@ class ReadPath:
             model_id=model_id,
             model_digest=model_digest,
             model_runtime=model_runtime,
+            **({"lexical_analyzer": lexical.analyzer} if lexical is not None else {}),
         )
 
     # -- get -------------------------------------------------------------------------------

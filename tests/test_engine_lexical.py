@@ -62,10 +62,11 @@ def test_search_finds_ranks_and_receipts(engine: Engine) -> None:
     assert receipt["profile"] == "lexical_v1" and receipt["fusion"] == {"method": "none", "rerank": RERANK}
     lexical, semantic = receipt["channels"]
     assert lexical["engine"] == "tantivy" and lexical["contributed"] and lexical["index_cursor"] == "10"
-    assert lexical["analyzer"] == "engram_en_stem_stop_v2+qtf_sqrt"
+    assert lexical["analyzer"] == "engram_en_stem_stop_v3+qtf_sqrt"
     assert semantic["contributed"] is False
     assert [r["record_id"] for r in receipt["ranked"]] == [p["record"]["record_id"] for p in value["records"]]
     assert receipt["ranked"][0]["lexical"]["rank"] == 1
+    assert receipt["ranked"][0]["lexical"]["analyzer"] == "engram_en_stem_stop_v3"  # the hit's language
     assert "scope_ref" not in value["records"][0]["record"]  # host redaction default
     assert value["records"][0]["redacted_fields"] == ["/scope_ref"]
 
@@ -277,7 +278,7 @@ def test_an_index_of_the_earlier_format_is_rebuilt_on_open(tmp_path: Path) -> No
     for name in lexical.FIELDS:
         sb.add_text_field(name, stored=True, tokenizer_name=lexical.TOKENIZER_NAME, index_option=lexical.INDEX_OPTION)
     old = tantivy.Index(sb.build(), path=str(lexical_dir))
-    old.register_tokenizer(lexical.TOKENIZER_NAME, lexical.build_analyzer())
+    old.register_tokenizer(lexical.TOKENIZER_NAME, lexical.build_analyzer())  # (v2 had no CJK bigrams)
     writer = old.writer(15_000_000, 1)
     writer.add_document(tantivy.Document(id=ids[0], primary="stale text"))
     writer.commit()

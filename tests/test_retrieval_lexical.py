@@ -274,14 +274,17 @@ def test_document_validation() -> None:
 
 def _terms_on_disk(path: Path, prefix: str) -> dict[str, list]:
     """Read the term dictionaries through a fresh reader of the files now in ``path``."""
-    from engram_memory.retrieval.lexical import TOKENIZER_NAME, build_analyzer
+    from engram_memory.retrieval.languages import ANALYSES
+    from engram_memory.retrieval.lexical import field_name
 
     index = tantivy.Index.open(str(path))
-    index.register_tokenizer(TOKENIZER_NAME, build_analyzer())
+    for analysis in ANALYSES:
+        index.register_tokenizer(analysis.name, analysis.build())
     searcher = index.searcher()
     found = {}
-    for name in FIELDS:
-        terms = searcher.terms_with_prefix(name, prefix)
-        if terms:
-            found[name] = terms
+    for analysis in ANALYSES:  # every language's fields
+        for name in FIELDS:
+            terms = searcher.terms_with_prefix(field_name(name, analysis.code), prefix)
+            if terms:
+                found[field_name(name, analysis.code)] = terms
     return found
