@@ -189,6 +189,25 @@ def load_sentence_transformer(path: Path) -> Any:
         return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
 
+TEXT_KINDS = ("document", "query")
+
+
+def model_prompts(path: Path | None) -> dict[str, str]:
+    """The text each kind of input starts with, by the model's own convention
+    (``config_sentence_transformers.json`` ``prompts``: e5's ``query: `` / ``passage: ``; none for MiniLM)."""
+    if path is None:
+        return {}
+    try:
+        prompts = json.loads((path / "config_sentence_transformers.json").read_text(encoding="utf-8"))["prompts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(prompts, dict):
+        return {}
+    document = prompts.get("document", prompts.get("passage", ""))
+    found = {"query": prompts.get("query", ""), "document": document}
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
 def torch_runtime() -> str:
     import torch
 
@@ -223,6 +242,7 @@ class Embedder:
         self._digest: str | None = None
         self._digest_done = False
         self._digest_lock = threading.Lock()
+        self._prompts = model_prompts(self._path)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -293,19 +313,28 @@ class Embedder:
 
     # -- encoding ----------------------------------------------------------------------------
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """What a ``query`` / ``document`` starts with for this model (empty: nothing)."""
+        return dict(self._prompts)
+
     def encode(self, texts: Sequence[str], batch_size: int = DOC_BATCH, *,
-               running: threading.Event | None = None) -> np.ndarray:
+               running: threading.Event | None = None, kind: str = "document") -> np.ndarray:
         """``(len(texts), dim)`` float32, L2-normalised. Raises ``EmbedderUnavailable`` unless ready.
+        ``kind`` (``document`` or ``query``) picks the model's prompt (e5: ``passage: `` / ``query: ``).
         ``running`` is set once the model computes (without holding the GIL)."""
         if self._state != "ready":
             raise EmbedderUnavailable(f"embedder is {self._state}")
         if isinstance(texts, str):
             raise TypeError("encode takes a sequence of strings, not a string")
+        if kind not in TEXT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(TEXT_KINDS)}")
+        prompt = self._prompts.get(kind, "")
         items = []
         for text in texts:
             if not isinstance(text, str):
                 raise TypeError("texts must be strings")
-            items.append(text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates -> '?'
+            items.append(prompt + text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates -> '?'
         if not items:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         if len(items) == 1:
@@ -334,7 +363,7 @@ class Embedder:
 
     def encode_query(self, text: str) -> np.ndarray:
         """One query vector (encoded alone, so its bits never depend on batch neighbours)."""
-        return self.encode([text], batch_size=1)[0]
+        return self.encode([text], batch_size=1, kind="query")[0]
 
     # -- internals ---------------------------------------------------------------------------
 
