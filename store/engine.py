@@ -332,6 +332,7 @@ class Engine:
             with self._rw.write():
                 if self._closed:
                     return
+                self.projections.model_digest = self.embedder.model_digest
                 for scope_ref in self.scopes():
                     self._repair_vectors(scope_ref)
             while True:
@@ -358,8 +359,16 @@ class Engine:
         they may lack the last admissions: those are re-added. A projection holding a vector
         DuckDB no longer has (a purge that did not finish) is rebuilt, which purges it."""
         assert self.embedder is not None
-        stored_count = self.db.stored_embedding_count(scope_ref, CURRENT.value, self.embedder.model_digest)
+        digest = self.embedder.model_digest
+        stored_count = self.db.stored_embedding_count(scope_ref, CURRENT.value, digest)
         index = self.projections.vectors(scope_ref)
+        if index.count() and index.model != digest and not self._legacy_packaged(index.model, digest):
+            # Another model's vectors (a model switch): never searched with this model's queries.
+            # The index is rebuilt from the store's vectors of this model; the backfill adds the rest.
+            self.rebuild_scope(scope_ref)
+            return
+        if digest is not None:
+            index.set_model(digest)
         if index.count() == stored_count:
             return
         stored = self.stored_vectors(scope_ref)
@@ -372,6 +381,16 @@ class Engine:
         self.projections.add_vectors(scope_ref, [ids[i] for i in missing], mat[missing],
                                      self.db.projection_cursor(scope_ref))
         index.save()
+
+    def _legacy_packaged(self, index_model: str | None, digest: str | None) -> bool:
+        """An index written before indexes named their model holds the packaged model's vectors
+        unless the operator pointed model_path elsewhere: adopted for the packaged model only."""
+        if index_model is not None or digest is None or self.embedder is None:
+            return False
+        from engram_memory.retrieval.embedder import packaged_model_path
+
+        packaged, path = packaged_model_path(), self.embedder.model_path
+        return packaged is not None and path is not None and path.resolve() == packaged.resolve()
 
     def semantic_ready(self) -> bool:
         """The model is loaded and every live record has its vector indexed."""
@@ -694,6 +713,8 @@ class Engine:
                 rows.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
         if ids:
             self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
+            if digest:
+                self.projections.vectors(scope_ref).set_model(digest)
 
     def _changed_elsewhere(self, scope_ref: str) -> None:
         """The store's watcher: another node changed the scope. A scope this node holds

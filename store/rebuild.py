@@ -145,6 +145,7 @@ def build_aside(aside: Path, like: Projections, scope_ref: str, records: list[di
     """A fresh rebuild of one scope's projections in ``aside`` (configured like ``like``)."""
     shutil.rmtree(aside, ignore_errors=True)
     built = Projections(aside, hnsw_threshold=like.hnsw_threshold, lexical_config=like.lexical_config)
+    built.model_digest = like.model_digest
     built.rebuild(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records], vectors, cursor)
     return built
 

@@ -122,3 +122,34 @@ def test_rebuild_index_refuses_an_unknown_model(tmp_path: Path, offline_env) -> 
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr == ("engram-memory: error: --model 'e5-large' is not a model: one of "
                            "all-MiniLM-L6-v2, multilingual-e5-small\n")
+
+
+def test_switching_models_back_and_forth_never_searches_another_models_vectors(tmp_path: Path, e5) -> None:
+    """Serve with one model, then the other, then the first again: each time the vector index holds
+    the running model's vectors only (before indexes named their model, the third open kept e5's
+    vectors and searched them with MiniLM's queries: same count, same width)."""
+    texts = ["The billing database moves to PostgreSQL.", "La abuela vive en Sevilla.", "Loratadine in spring."]
+    data = tmp_path / "data"
+
+    def check(model: str) -> str:
+        engine = Engine.open(EngineSettings(data_dir=data, model=model))
+        try:
+            assert engine.wait_semantic(300) and engine.embedder is not None
+            if not engine.scopes():
+                admit_texts(engine, texts)
+                engine.settle()
+            scope = engine.scopes()[0]
+            stored = engine.stored_vectors(scope)
+            assert stored is not None and len(stored[0]) == len(texts)
+            index = engine.projections.vectors(scope)
+            assert index.count() == len(texts) and index.model == engine.embedder.model_digest
+            for rid, vec in zip(*stored, strict=True):
+                top, score = index.search(vec, 1)[0]
+                assert top == rid and score > 0.9999, (model, rid, top, score)
+            return str(engine.embedder.model_digest)
+        finally:
+            engine.close()
+
+    first = check("all-MiniLM-L6-v2")
+    assert check(MODEL_NAME) != first
+    assert check("all-MiniLM-L6-v2") == first
