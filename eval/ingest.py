@@ -185,6 +185,12 @@ def set_store(url: str, master_key_file: Path) -> None:
     _STORE.update(store=url, master_key_file=master_key_file)
 
 
+def set_model(name: str) -> None:
+    """The embedding model every engine of this run loads (EngineSettings.model; unset: the default).
+    Vectors are keyed by the model's digest: a store cached for another model re-embeds by itself."""
+    _STORE.update(model=name)
+
+
 def store_options() -> dict[str, Any]:
     """The store every engine of this run opens (``store``, ``master_key_file``; empty: DuckDB)."""
     return dict(_STORE)
