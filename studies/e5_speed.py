@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
