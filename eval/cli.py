@@ -33,7 +33,6 @@ from engram_memory.eval.beir import (  # noqa: E402
     load_collection,
 )
 from engram_memory.eval.options import OptionError  # noqa: E402
-from engram_memory.models.settings import EMBEDDING_MODELS  # noqa: E402
 
 Opt = typer.Option
 EXTRA_MODULES = ("ranx", "matplotlib")
@@ -114,7 +113,7 @@ def eval_cmd(
     store: Annotated[str | None, Opt("--store", help="Run on an initialised PostgreSQL store (postgresql://USER@"
                                      "HOST:PORT/DB) instead of DuckDB in the cache dir.")] = None,
     master_key_file: Annotated[Path | None, Opt("--master-key-file", help="That store's master key file.")] = None,
-    model: Annotated[str | None, Opt("--model", help="Embedding model: " + " or ".join(EMBEDDING_MODELS)
+    model: Annotated[str | None, Opt("--model", help="Embedding model: " + " or ".join(options.MODELS)
                                      + " (default: the engine's).")] = None,
 ) -> None:
     """Score lexical, semantic and hybrid search on a BEIR collection through the real engine,
@@ -139,7 +138,7 @@ def eval_cmd(
         peer_name = options.choice("--peer", peer, options.PEERS)
         cache = options.writable_dir("--cache-dir", cache_dir, required=False)
         if model is not None:
-            model = options.choice("--model", model, EMBEDDING_MODELS)
+            model = options.choice("--model", model, options.MODELS)
         pg = options.store(store, master_key_file)
         folders = collection_folders(dataset)
         if not folders:
