@@ -559,7 +559,7 @@ def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
     table = {}
     for q in dict.fromkeys(queries):
         # keyed by the validated (NFC) query text: what search() hands to encode()
-        table[_normalised(q)] = np.asarray(real.encode([q])[0], np.float32)
+        table[_normalised(q)] = np.asarray(real.encode([q], kind="query")[0], np.float32)
     engine.embedder = PrecomputedQueries(real, table)
     try:
         res["hybrid_precomputed_vector"] = pcts(_search_latency(engine, queries))
@@ -568,7 +568,7 @@ def _hybrid_latency(engine: Any, queries: Sequence[str]) -> dict[str, Any]:
     enc = []
     for q in queries:
         t = time.perf_counter()
-        real.encode([q])
+        real.encode([q], kind="query")
         enc.append(time.perf_counter() - t)
     res["query_encode"] = pcts(enc)
     return res
@@ -582,7 +582,7 @@ def _peer_bench(engine: Any, grower: Grower, queries: Sequence[str], root: Path)
     t = time.perf_counter()
     lp = peer_lancedb.LancePeer(root, rids, [grower.by_record[r] for r in rids], mat)
     build_s = time.perf_counter() - t
-    qv = {q: np.asarray(engine.embedder.encode([q])[0], np.float32) for q in dict.fromkeys(queries)}
+    qv = {q: np.asarray(engine.embedder.encode([q], kind="query")[0], np.float32) for q in dict.fromkeys(queries)}
     fts, hyb, hyb_enc = [], [], []
     for q in queries[:5]:
         lp.hybrid(q, qv[q], LIMIT)
@@ -594,7 +594,7 @@ def _peer_bench(engine: Any, grower: Grower, queries: Sequence[str], root: Path)
         lp.hybrid(q, qv[q], LIMIT)
         hyb.append(time.perf_counter() - t)
         t = time.perf_counter()
-        lp.hybrid(q, np.asarray(engine.embedder.encode([q])[0], np.float32), LIMIT)
+        lp.hybrid(q, np.asarray(engine.embedder.encode([q], kind="query")[0], np.float32), LIMIT)
         hyb_enc.append(time.perf_counter() - t)
     lp.close()
     return {"name": "lancedb", "version": peer_lancedb.peer_version(), "build_s": build_s,

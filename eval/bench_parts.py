@@ -274,12 +274,12 @@ def time_parts(engine: Any, scope_ref: str, queries: Sequence[str], normalise: C
     vectors = engine.projections.vectors(scope_ref)
     texts = [normalise(q) for q in queries]  # what search() hands to its channels (NFC)
     for q in texts[:warmup]:
-        vectors.search(embedder.encode([q])[0], depth)
+        vectors.search(embedder.encode([q], kind="query")[0], depth)
         lexical.search(q, depth)
     enc, lex, vec = [], [], []
     for q in texts:
         t = time.perf_counter()
-        qvec = embedder.encode([q])[0]
+        qvec = embedder.encode([q], kind="query")[0]
         t1 = time.perf_counter()
         lexical.search(q, depth)
         t2 = time.perf_counter()

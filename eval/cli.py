@@ -113,6 +113,8 @@ def eval_cmd(
     store: Annotated[str | None, Opt("--store", help="Run on an initialised PostgreSQL store (postgresql://USER@"
                                      "HOST:PORT/DB) instead of DuckDB in the cache dir.")] = None,
     master_key_file: Annotated[Path | None, Opt("--master-key-file", help="That store's master key file.")] = None,
+    model: Annotated[str | None, Opt("--model", help="Embedding model: " + " or ".join(options.MODELS)
+                                     + " (default: the engine's).")] = None,
 ) -> None:
     """Score lexical, semantic and hybrid search on a BEIR collection through the real engine,
     next to standard BM25 (the baseline row).
@@ -135,6 +137,8 @@ def eval_cmd(
         doc_mapping = options.choice("--mapping", mapping, options.MAPPINGS)
         peer_name = options.choice("--peer", peer, options.PEERS)
         cache = options.writable_dir("--cache-dir", cache_dir, required=False)
+        if model is not None:
+            model = options.choice("--model", model, options.MODELS)
         pg = options.store(store, master_key_file)
         folders = collection_folders(dataset)
         if not folders:
@@ -159,12 +163,14 @@ def eval_cmd(
 
     from engram_memory.eval.folder import run_folder
     from engram_memory.eval.harness import run_eval
-    from engram_memory.eval.ingest import set_store
+    from engram_memory.eval.ingest import set_model, set_store
     from engram_memory.store.backend import StoreRefused
     from engram_memory.store.engine import StoreBusyError
 
     if pg is not None:
         set_store(*pg)
+    if model is not None:
+        set_model(model)
 
     run_options: dict[str, Any] = dict(channels=run_channels, fusion=method, rrf_k=k_rrf, weights=w, limit_docs=limit,
                        peer=peer_name, cache_dir=cache, mapping=doc_mapping, progress=progress, threads=n_threads,

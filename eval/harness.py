@@ -124,7 +124,7 @@ def peer_eval(store_dir: Path, col: Collection, ing: IngestResult, work_dir: Pat
         qvecs = []
         for q in qtexts:  # one at a time: the per-query encode cost is part of the latency
             t = time.perf_counter()
-            qvecs.append(np.asarray(engine.embedder.encode([q])[0], np.float32))
+            qvecs.append(np.asarray(engine.embedder.encode([q], kind="query")[0], np.float32))
             encode_s.append(time.perf_counter() - t)
     rec_to_doc = ing.record_to_doc
     ids = [rec_to_doc[r] for r in rids]

@@ -185,6 +185,15 @@ def set_store(url: str, master_key_file: Path) -> None:
     _STORE.update(store=url, master_key_file=master_key_file)
 
 
+def set_model(name: str) -> None:
+    """The embedding model every engine of this run loads (EngineSettings.model; unset: the default).
+    Vectors are keyed by the model's digest: a store cached for another model re-embeds by itself."""
+    _MODEL.update(model=name)
+
+
+_MODEL: dict[str, Any] = {}  # the run's embedding model (set_model); empty: the engine's default
+
+
 def store_options() -> dict[str, Any]:
     """The store every engine of this run opens (``store``, ``master_key_file``; empty: DuckDB)."""
     return dict(_STORE)
@@ -193,7 +202,7 @@ def store_options() -> dict[str, Any]:
 def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Any:
     from engram_memory.models.settings import EngineSettings
 
-    overrides = {**_STORE, **overrides}
+    overrides = {**_STORE, **_MODEL, **overrides}
     if _TORCH_THREADS:
         overrides = {"encode_threads": _TORCH_THREADS[0], **overrides}
     # A channel scored alone is the channel's own ranking (the rows beside bm25s and LanceDB's);

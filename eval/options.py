@@ -24,6 +24,7 @@ CHANNEL_NAMES = ("baseline", *ENGINE_CHANNELS)
 DEFAULT_CHANNELS = ",".join(CHANNEL_NAMES)
 FUSIONS = tuple(m.value for m in FusionMethod)
 MAPPINGS = ("single", "split")
+MODELS = ("all-MiniLM-L6-v2", "multilingual-e5-small")  # models.settings.EMBEDDING_MODELS (tested equal)
 PEERS = ("lancedb",)
 
 

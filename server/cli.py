@@ -105,6 +105,7 @@ def serve(
         Path | None,
         typer.Option(help=f"TOML file with the same keys; {ENV_PREFIX}<KEY> variables override it, flags both."),
     ] = None,
+    model: Annotated[str | None, _opt("model")] = None,
     model_path: Annotated[Path | None, _opt("model_path", "--model-path")] = None,
     semantic: Annotated[bool | None, _opt("semantic", "--semantic/--no-semantic")] = None,
     fusion: Annotated[str | None, _opt("fusion")] = None,
@@ -179,14 +180,15 @@ def daemon(
     store: Annotated[str | None, _opt("store")] = None,
     master_key_file: Annotated[Path | None, _opt("master_key_file", "--master-key-file")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML file with the serve keys (engine options apply).")] = None,
+    model: Annotated[str | None, _opt("model")] = None,
     model_path: Annotated[Path | None, _opt("model_path", "--model-path")] = None,
     semantic: Annotated[bool | None, _opt("semantic", "--semantic/--no-semantic")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="stderr log level.")] = "INFO",
 ) -> None:
     """Own the data dir for local stdio hosts (each `serve` on it relays here) until stopped."""
     _setup_logging(log_level)
-    flags = {"data_dir": data_dir, "store": store, "master_key_file": master_key_file, "model_path": model_path,
-             "semantic": semantic}
+    flags = {"data_dir": data_dir, "store": store, "master_key_file": master_key_file, "model": model,
+             "model_path": model_path, "semantic": semantic}
     try:
         cfg = load_config(flags, config)
         cfg.preflight()

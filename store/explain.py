@@ -290,7 +290,10 @@ def explain_on(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_r
     elif scope_ref not in engine.scopes():
         raise AdminUsageError(f"the store has no scope {scope_ref}")
     embedder = None
-    model_path, runtime = engine.config.model_path, engine.config.embedder_runtime
+    from engram_memory.retrieval.embedder import model_directory
+
+    model_path = model_directory(engine.config.model, engine.config.model_path)
+    runtime = engine.config.embedder_runtime
     semantic = next(c for c in receipt.rank_receipt["channels"] if c.get("channel") == "semantic")
     if receipt.rank_receipt["profile"] == HYBRID:  # the query is embedded: the model is loaded
         from engram_memory.retrieval.embedder import shared_embedder
@@ -392,7 +395,7 @@ def _search(engine: Any, receipt: Receipt, arguments: dict[str, Any], scope_ref:
         pin = paging.PagePin(r["request_digest"], r["profile"], int(r["valid_as_of"]), str(cursor),
                              receipt.offset, r["ordered_ids_digest"])
         args["page_cursor"] = paging.encode(engine.keys.server_secret, scope_ref, pin)
-    query_vector = embedder.encode([arguments["query"]])[0] if semantic else None
+    query_vector = embedder.encode([arguments["query"]], kind="query")[0] if semantic else None
     now = from_instant(r["issued_at"])
     plan = SearchPlan(semantic, query_vector)
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from engram_memory.models.settings import EngineSettings
+from engram_memory.models.settings import DEFAULT_MODEL, EmbeddingModel, EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.store.backend import StoreBusyError
@@ -145,6 +145,7 @@ def build_aside(aside: Path, like: Projections, scope_ref: str, records: list[di
     """A fresh rebuild of one scope's projections in ``aside`` (configured like ``like``)."""
     shutil.rmtree(aside, ignore_errors=True)
     built = Projections(aside, hnsw_threshold=like.hnsw_threshold, lexical_config=like.lexical_config)
+    built.model_digest = like.model_digest
     built.rebuild(scope_ref, [LexicalDoc(r["record_id"], lexical_fields(r)) for r in records], vectors, cursor)
     return built
 
@@ -175,13 +176,14 @@ def compare_projections(live: Projections, built: Projections, scope_ref: str, r
 
 def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = False,
                   model_path: Path | None = None, show_progress: bool = True, semantic: bool = True,
-                  store: str | None = None, master_key_file: Path | None = None) -> RebuildReport:
+                  store: str | None = None, master_key_file: Path | None = None,
+                  model: EmbeddingModel = DEFAULT_MODEL) -> RebuildReport:
     """Raises StoreBusyError when a server owns the data directory; NoStoreError when it holds no
     store and UnknownScopeError for a scope the store does not have (both before any change).
 
     With ``store`` (a PostgreSQL URL), ``data_dir`` is one node's directory: its projections are
     rebuilt from the shared store (which other nodes keep serving meanwhile)."""
-    settings = EngineSettings(data_dir=data_dir, model_path=model_path, semantic=semantic, store=store,
+    settings = EngineSettings(data_dir=data_dir, model=model, model_path=model_path, semantic=semantic, store=store,
                               master_key_file=master_key_file)
     if store is None:
         known = existing_scopes(data_dir)
@@ -206,7 +208,10 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
         engine = Engine.open(settings)
     try:
         if engine.embedder is not None:
-            engine.wait_semantic(600)  # records admitted before the model was ready get embedded now
+            # Records admitted before the model was ready get embedded now, and every record when
+            # the model changed (its vectors are keyed by its digest: none of another model's are
+            # read). Waits as long as that takes (the backfill ends, or gives up on a model failure).
+            engine.wait_semantic(None)
         scopes = [scope_ref] if scope_ref else engine.scopes()
         reports = []
         # stdout carries the report (--json): the progress bar goes to stderr.

@@ -268,6 +268,9 @@ def test_option_names_match_the_harness() -> None:
     assert options.ENGINE_CHANNELS == tuple(CHANNEL_SETS)
     assert options.CHANNEL_NAMES == ("baseline", *CHANNEL_SETS)
     assert options.MAPPINGS == MAPPINGS
+    from engram_memory.models.settings import EMBEDDING_MODELS
+
+    assert options.MODELS == EMBEDDING_MODELS
 
 
 # -- bench says what it does from the start ---------------------------------------------------
