@@ -56,43 +56,35 @@ def admin_routes(engine: Any) -> list[Route]:
         return FileResponse(tmp, media_type="application/x-tar",
                             background=BackgroundTask(_unlink, tmp))
 
-    async def hostop(request: Request) -> Response:
+    def json_operation(apply: Any) -> Any:
+        """A route that applies a JSON object body on a worker thread (``apply(body)``) and answers its
+        result, an operator refusal, or a usage mistake, as the admin commands expect."""
+        async def route(request: Request) -> Response:
+            from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+
+            try:
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise ValueError
+            except ValueError:
+                return PlainTextResponse("bad request\n", status_code=400)
+            try:
+                result = await anyio.to_thread.run_sync(apply, body)
+            except AdminRefusal as exc:
+                return JSONResponse({"code": exc.code, "message": str(exc)}, status_code=REFUSED_STATUS)
+            except AdminUsageError as exc:
+                return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
+            return JSONResponse(result)
+        return route
+
+    def hostop(body: dict[str, Any]) -> Any:
         from engram_memory.store.hostops import apply_operation
-        from engram_memory.store.refusals import AdminRefusal, AdminUsageError
 
-        try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return PlainTextResponse("bad request\n", status_code=400)
-        try:
-            result = await anyio.to_thread.run_sync(apply_operation, engine, body, engine.clock())
-        except AdminRefusal as exc:
-            return JSONResponse({"code": exc.code, "message": str(exc)}, status_code=REFUSED_STATUS)
-        except AdminUsageError as exc:
-            return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
-        return JSONResponse(result)
+        return apply_operation(engine, body, engine.clock())
 
-    async def approvals(request: Request) -> Response:
-        from engram_memory.store.refusals import AdminRefusal, AdminUsageError
-
-        try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return PlainTextResponse("bad request\n", status_code=400)
-        try:
-            result = await anyio.to_thread.run_sync(approval_request, engine, body)
-        except AdminRefusal as exc:
-            return JSONResponse({"code": exc.code, "message": str(exc)}, status_code=REFUSED_STATUS)
-        except AdminUsageError as exc:
-            return JSONResponse({"message": str(exc)}, status_code=USAGE_STATUS)
-        return JSONResponse(result)
-
-    return [Route(BACKUP_PATH, backup, methods=["POST"]), Route(HOSTOP_PATH, hostop, methods=["POST"]),
-            Route(APPROVALS_PATH, approvals, methods=["POST"])]
+    return [Route(BACKUP_PATH, backup, methods=["POST"]),
+            Route(HOSTOP_PATH, json_operation(hostop), methods=["POST"]),
+            Route(APPROVALS_PATH, json_operation(lambda body: approval_request(engine, body)), methods=["POST"])]
 
 
 def approval_request(engine: Any, body: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from engram_memory.models.canonical import canonical_bytes, canonical_text
 from engram_memory.models.context import TOOL_PREFIX, HostContext
 from engram_memory.models.envelope import new_audit_id
 from engram_memory.models.errors import EngramError, ErrorCode
+from engram_memory.models.hostauth import confirmation_target
 from engram_memory.models.limits import CONFIRM_TTL_S, EXECUTION_WINDOW_S, SECOND_MS
 from engram_memory.models.tools import parse_input, to_plain
 from engram_memory.store import ledger
@@ -55,14 +56,6 @@ def new_request_id() -> str:
 
 def _aad(request_id: str) -> bytes:
     return b"engram-memory/approval-arguments/" + request_id.encode("ascii")
-
-
-def target_of(arguments: dict[str, Any]) -> str:
-    for key in ("record_id", "candidate_id"):
-        value = arguments.get(key)
-        if isinstance(value, str):
-            return value
-    return ""
 
 
 @dataclass(frozen=True)
@@ -169,7 +162,7 @@ def _park(engine: Any, host: HostContext, tool: str, plain: dict[str, Any], inte
     ttl_ms = int(min(float(ttl_s), float(CONFIRM_TTL_S)) * SECOND_MS)
     request = ParkedRequest(
         request_id=request_id, scope_ref=host.scope_ref, principal=host.principal, agent_id=host.agent_id,
-        tool=tool, target=target_of(plain), key_digest=key_digest, intent_hash=intent,
+        tool=tool, target=confirmation_target(plain), key_digest=key_digest, intent_hash=intent,
         context=canonical_text(_context(host)), key_ref=key_ref,
         arguments=seal(dek, canonical_bytes(plain), _aad(request_id)), status=PENDING,
         created_at_ms=now, expires_at_ms=now + ttl_ms, decided_at_ms=None, reason=None, outcome=None)
