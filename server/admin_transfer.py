@@ -9,6 +9,7 @@ the imported records at its next start). On a PostgreSQL store both run against 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -146,6 +147,9 @@ def import_cmd(
         notes.append(f"{from_} was exported from scope {source.scope}; its records are imported into {scope}")
     for note in notes:
         sys.stderr.write(f"engram-memory: note: {note}\n")
+    # SIGINT only sets a flag that the next finished item acts on: a KeyboardInterrupt raised inside a
+    # DuckDB call is turned into the driver's own error and could be taken for an item's failure.
+    previous = signal.signal(signal.SIGINT, progress.interrupt)
     try:
         with _engine(data_dir, store, master_key_file, create=True) as engine, \
                 progress.bar(len(source.items), f"read {len(source.items)} item(s) ({source.format})"):
@@ -157,6 +161,8 @@ def import_cmd(
         sys.stderr.write(f"\nengram-memory: interrupted after {progress.done} item(s) of {len(source.items)};"
                          " run the same command again to finish\n")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
     progress.line("done")
     report.notes = notes
     _emit(json_out, {"scope": scope, "from": str(from_), **report.as_dict()}, lambda: _summary(scope, from_, report))
@@ -169,6 +175,7 @@ class _Progress:
     def __init__(self) -> None:
         self.console = Console(stderr=True)
         self.done, self.total, self.last = 0, 0, 0.0
+        self.interrupted = False
         self._bar: Progress | None = None
         self._task: Any = None
 
@@ -196,8 +203,13 @@ class _Progress:
             finally:
                 self._bar = None
 
+    def interrupt(self, _signum: int, _frame: Any) -> None:
+        self.interrupted = True
+
     def advance(self) -> None:
         self.done += 1
+        if self.interrupted:
+            raise KeyboardInterrupt
         if self._bar is not None:
             self._bar.advance(self._task)
             return
