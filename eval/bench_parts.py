@@ -298,7 +298,7 @@ def time_parts(engine: Any, scope_ref: str, queries: Sequence[str], normalise: C
 # output validation, locks, the packets' assembly, Python between the stages.
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("query encode (a worker, beside BM25)", "embedder", "encode"),
-    ("BM25 channel", "lexical_index", "search"),
+    ("BM25 channel", "lexical_index", "search_analyzed"),
     ("vector channel", "vector_index", "search"),
     ("eligibility (scope view)", "scope_view", "eligible"),
     ("fusion", "reads", "rank"),
