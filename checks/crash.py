@@ -83,7 +83,6 @@ from engram_memory.eval.bench_http import (  # noqa: E402
     start_node,
 )
 from engram_memory.eval.bench_http import UsageError as BenchUsageError  # noqa: E402
-from engram_memory.store.postgres.databases import create_database, drop_database  # noqa: E402
 
 Opt = typer.Option
 
@@ -535,6 +534,8 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
     node_args = StoreArgs()
     node_dirs = [data_dir]
     if store is not None:
+        from engram_memory.store.postgres.databases import create_database  # psycopg: the postgres extra
+
         data_dir.mkdir(parents=True)
         db_url = create_database(store, f"engram_crash_s{seed}_t{trial}")
         (data_dir / "store.url").write_text(db_url + "\n")  # a failed trial keeps its database: named here
@@ -699,6 +700,8 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
             shutil.rmtree(data_dir, ignore_errors=True)
             log.unlink(missing_ok=True)
             if db_url is not None and store is not None:
+                from engram_memory.store.postgres.databases import drop_database
+
                 drop_database(store, db_url)
         return result, ops, before_kill
     finally:

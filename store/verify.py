@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,9 +44,11 @@ from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
 from engram_memory.store.hostops import state_after
 from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
-from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
 from engram_memory.store.refusals import JOURNAL_CORRUPT
+
+if TYPE_CHECKING:  # psycopg is the `postgres` extra: imported only when a PostgreSQL store is verified
+    from engram_memory.store.postgres.inspect import PostgresInspector
 
 MAX_LISTED = 10  # per check and scope: beyond that, a count
 # Fields a record adds to its payload (store/lifecycle.py _build_record).
@@ -450,6 +452,7 @@ def verify_postgres(url: str, master_key: bytes, key_file: Path, *, deep: bool =
     caches, rebuilt from the store), on one read-only snapshot, with the master key file given
     (its data keys are rows wrapped by it). Raises StoreRefused for a database that is not an
     initialised store or a key that is not its master key."""
+    from engram_memory.store.postgres.inspect import PostgresInspector
     from engram_memory.store.postgres.url import redact_url
 
     store = PostgresInspector(url, master_key, key_file)

@@ -26,7 +26,7 @@ from tests.conftest import ALL, CONTEXT, REPO, capture_args, key, mcp_server, se
 
 pytestmark = pytest.mark.anyio
 FOLDERS = ("models", "store", "retrieval", "server", "eval", "checks")
-VENV_GUARD_MB = 500
+VENV_GUARD_MB = 485
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_the_default_install_has_no_torch_and_fits_its_budget(installed: Install
     assert "onnx" not in packages  # the graph is written with ONNX's schema through protobuf alone
     size = installed.size_mb()
     print(f"venv {size:.0f} MB, install {installed.seconds:.1f} s")
-    # A guard against weight creeping back (torch alone is 754 MB), set just above today's 484 MB; the
+    # A guard against weight creeping back (torch alone is 754 MB), set just above today's 476 MB; the
     # issue's 450 MB target and the ratio to it are measured by `engram-memory bench-install`.
     assert size <= VENV_GUARD_MB, f"the default install is {size:.0f} MB"
 
@@ -91,6 +91,20 @@ def test_console_help_and_the_plugged_in_commands_load(installed: Installed) -> 
     evaluated = run(installed, "eval", "--out", "x", "--dataset", "y")
     assert evaluated.returncode == 2 and "pip install 'engram-memory[eval]'" in evaluated.stderr
     assert "Traceback" not in evaluated.stderr
+
+
+def test_postgresql_is_an_extra_and_a_store_url_without_it_says_so(installed: Installed, tmp_path: Path) -> None:
+    assert not {"psycopg", "psycopg-binary", "psycopg-pool"} & set(installed.packages())
+    key = tmp_path / "master.key"
+    key.write_bytes(b"k" * 32)
+    data_dir = tmp_path / "data"
+    for argv in (("serve", "--data-dir", str(data_dir)), ("admin", "verify")):
+        done = run(installed, *argv, "--store", "postgresql://engram@127.0.0.1:5/engram",
+                   "--master-key-file", str(key))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines()[-1].endswith(
+            "PostgreSQL support is not installed: pip install 'engram-memory[postgres]'"), done.stderr
+    assert not data_dir.exists()
 
 
 def test_a_model_the_builder_cannot_express_names_the_torch_extra(installed: Installed, tmp_path: Path) -> None:
@@ -152,11 +166,15 @@ async def test_a_hybrid_search_then_admin_verify(installed: Installed, tmp_path:
 
 
 def test_the_golden_transcript_against_the_installed_server(installed: Installed) -> None:
-    """tests/test_golden_transcript.py, its servers run by the wheel's venv (conftest.SERVER_PYTHON)."""
+    """tests/test_golden_transcript.py, its servers run by the wheel's venv (conftest.SERVER_PYTHON).
+
+    The default install has no PostgreSQL driver (the `postgres` extra), so the DuckDB transcript runs
+    here; the PostgreSQL one runs in the suite's own install."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["ENGRAM_TEST_SERVER_PYTHON"] = str(installed.python)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/test_golden_transcript.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                           "tests/test_golden_transcript.py", "-k", "not postgres"], cwd=REPO, env=env,
+                          capture_output=True, text=True,
                           timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout[-500:]

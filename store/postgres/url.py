@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 SCHEMES = ("postgresql://", "postgres://")
 PASSWORD_REFUSED = (
     "the store URL carries a password; give it through PGPASSWORD, ~/.pgpass or a libpq service file instead"
 )
+# psycopg is the `postgres` extra: a default install serves DuckDB only, and a PostgreSQL URL says what to add.
+DRIVER_MISSING = "PostgreSQL support is not installed: pip install 'engram-memory[postgres]'"
 NOT_POSTGRES = "the store URL is not a PostgreSQL URL (postgresql://USER@HOST:PORT/DB)"
 
 
@@ -21,6 +20,11 @@ def check_store_url(text: str) -> str:
     """Return `text` unchanged when it is a password-free libpq URL; else ValueError (URL not echoed)."""
     if not isinstance(text, str) or not text.startswith(SCHEMES):  # libpq: lower-case schemes only
         raise ValueError(NOT_POSTGRES)
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise ValueError(DRIVER_MISSING) from None
     try:
         # libpq's own parser: what it accepts is what a connection would use, query parameters included.
         params = conninfo_to_dict(text)
