@@ -1,1 +1,3 @@
-"""DuckDB source of truth: schema, lifecycle engine, journal, idempotency, encryption, admission policy."""
+"""The source of truth: the engine and lifecycle, journal, idempotency, encryption, the admission policy and
+its secrets screen, host operations and maintenance, over two backends behind ``store/backend.py``
+(``store/duckdb/``, the embedded default; ``store/postgres/``, one database shared by several nodes)."""

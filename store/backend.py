@@ -1,8 +1,8 @@
 """The store boundary: what the engine asks of its store, backend-neutral.
 
 Everything the engine, lifecycle rules, expiry, adjudication and the read path need from the
-store is a method here, over domain values (no SQL, no driver types). ``store/duckdb/`` is the
-one implementation today; a second backend implements the same two protocols.
+store is a method here, over domain values (no SQL, no driver types). ``store/duckdb/`` (embedded,
+the default) and ``store/postgres/`` (shared by several nodes) implement the two protocols.
 
 Contracts a backend must keep (the single-writer assumptions made explicit):
 

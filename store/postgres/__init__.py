@@ -1,1 +1,2 @@
-"""PostgreSQL store backend (issue 22), in progress: schema and URL rules so far; not yet selectable for serving."""
+"""The PostgreSQL store: one database shared by several serving nodes (``--store URL``), the same
+protocols as ``store/duckdb/``; psycopg comes with the ``postgres`` extra."""
