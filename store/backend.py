@@ -98,8 +98,8 @@ class NewCandidate:
     recorded_at: str
     payload_digest: str
     record_digest: str
-    key_ref: str
-    envelope: bytes
+    key_ref: str | None  # None (with the envelope) for a candidate inserted closed: insert_candidates
+    envelope: bytes | None
 
 
 # The records columns a new record fills, in NewRecord's order, on both backends (the DuckDB table
@@ -214,6 +214,11 @@ class KeyRing(Protocol):
 
     def create(self) -> tuple[str, bytes]: ...
 
+    def create_many(self, count: int) -> list[tuple[str, bytes]]:
+        """``count`` new keys, made durable together (one sync, not one per key): an import's
+        batch creates its keys with this before the one commit that names them."""
+        ...
+
     def load(self, key_ref: str) -> bytes | None: ...
 
     def destroy(self, key_ref: str) -> bool: ...
@@ -267,6 +272,33 @@ class UnitOfWork(Protocol):
     def delete_embeddings(self, record_id: str) -> None: ...
 
     def tombstone_payload(self, scope_ref: str, payload_digest: str, record_id: str, cursor: int) -> None: ...
+
+    # -- a batch of mutations in one transaction (an import: Lifecycle.capture_and_admit) --------
+
+    def ledger_lookup_many(self, scope_ref: str, principal: str, key_digests: Sequence[str]
+                           ) -> dict[str, LedgerEntry]:
+        """The stored answers of those keys that have one, by key digest."""
+        ...
+
+    def tombstoned_many(self, scope_ref: str, payload_digests: Sequence[str]) -> set[str]:
+        """Those payload digests forgotten in the scope."""
+        ...
+
+    def append_events(self, scope_ref: str, events: Sequence[tuple[dict[str, Any], bool]]) -> list[dict[str, Any]]:
+        """``append_event`` of each (event, advance_projection), in order, at consecutive cursors."""
+        ...
+
+    def insert_candidates(self, candidates: Sequence[NewCandidate], outcomes: Sequence[str | None]) -> None:
+        """New candidates; one with an outcome is inserted closed (as insert_candidate then
+        close_candidate with that outcome: its key and envelope are None)."""
+        ...
+
+    def insert_records(self, records: Sequence[NewRecord]) -> None: ...
+
+    def ledger_store_many(self, scope_ref: str, principal: str,
+                          rows: Sequence[tuple[str, str, str, str, str]]) -> None:
+        """First answers: (key_digest, tool, intent_hash, value, created_at) each."""
+        ...
 
     def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
         """(record_id, key_ref) of those records of the scope still in ``state`` with a key; read

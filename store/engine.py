@@ -55,6 +55,9 @@ from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
 from engram_memory.store.crypto import open_sealed, seal
 from engram_memory.store.lifecycle import (
+    AdmittedRecord,
+    BatchItem,
+    BatchOutcome,
     Lifecycle,
     event_at,
     event_kind,
@@ -527,23 +530,40 @@ class Engine:
         with self._writing(ctx.scope_ref, settle=False):
             self._fresh(ctx.scope_ref)
             value, admitted = self.lifecycle.request_admission(ctx, to_plain(args), self.clock())
-            if admitted is not None and self.db.shared:
-                if self._batch is None:
-                    self._sync(admitted.scope_ref)  # this node's write and any other node's, in order
-                else:
-                    self._batch[admitted.scope_ref] = ([], admitted.cursor)
-            elif admitted is not None:
-                record = admitted.record
-                self._views.admitted(admitted.scope_ref, record["record_id"], self._window(record), admitted.cursor)
-                if self._batch is not None:
-                    records = self._batch.get(admitted.scope_ref, ([], 0))[0]
-                    records.append(record)
-                    self._batch[admitted.scope_ref] = (records, admitted.cursor)
-                elif self._projector is not None:
-                    self._projector.add(admitted.scope_ref, record, admitted.cursor)
-                else:
-                    self._project_admitted(admitted.scope_ref, [record], admitted.cursor)
+            if admitted is not None:
+                self._admitted(admitted)
             return RequestAdmissionValue.model_validate(value)
+
+    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem]) -> list[BatchOutcome]:
+        """A batch of captures, each with its admission request (an import), in ONE transaction
+        (Lifecycle.capture_and_admit); the admitted records go to the projections as each
+        request_admission's do (together at the end of an open ``batch``)."""
+        with self._writing(ctx.scope_ref, settle=False):
+            self._fresh(ctx.scope_ref)
+            outcomes = self.lifecycle.capture_and_admit(ctx, items, self.clock())
+            for outcome in outcomes:
+                if outcome.admitted is not None:
+                    self._admitted(outcome.admitted)
+            return outcomes
+
+    def _admitted(self, admitted: AdmittedRecord) -> None:
+        """After an admission's commit, under the write lock: the scope's view and projections."""
+        if self.db.shared:
+            if self._batch is None:
+                self._sync(admitted.scope_ref)  # this node's write and any other node's, in order
+            else:
+                self._batch[admitted.scope_ref] = ([], admitted.cursor)
+            return
+        record = admitted.record
+        self._views.admitted(admitted.scope_ref, record["record_id"], self._window(record), admitted.cursor)
+        if self._batch is not None:
+            records = self._batch.get(admitted.scope_ref, ([], 0))[0]
+            records.append(record)
+            self._batch[admitted.scope_ref] = (records, admitted.cursor)
+        elif self._projector is not None:
+            self._projector.add(admitted.scope_ref, record, admitted.cursor)
+        else:
+            self._project_admitted(admitted.scope_ref, [record], admitted.cursor)
 
     @contextmanager
     def batch(self) -> Iterator[None]:

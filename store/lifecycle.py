@@ -7,6 +7,7 @@ follow the commit and are idempotent, so a crash in between converges on restart
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -107,6 +108,65 @@ class AdmittedRecord:
     scope_ref: str
     record: dict[str, Any]
     cursor: int
+
+
+@dataclass
+class BatchItem:
+    """One capture and its admission request (Lifecycle.capture_and_admit): the capture's plain
+    arguments (its idempotency key included) and the admission's idempotency key."""
+
+    capture: dict[str, Any]
+    admit_key: str
+
+
+@dataclass
+class BatchOutcome:
+    """What one item of a batch came to: the capture's and the admission's answers, or the error
+    that refused it, or ``deferred`` (to be sent one by one: a replay)."""
+
+    capture: dict[str, Any] | None = None
+    admission: dict[str, Any] | None = None
+    admitted: AdmittedRecord | None = None
+    error: EngramError | None = None
+    deferred: bool = False
+
+
+@dataclass
+class _Prepared:
+    """An item of a batch on its way through capture_and_admit."""
+
+    index: int
+    cid: str
+    capture_kd: str
+    admit_kd: str
+    capture_intent: str
+    admit_intent: str
+    error: EngramError | None = None
+    pd: str = ""
+    envelope: bytes = b""
+    env: dict[str, Any] = dataclasses.field(default_factory=dict)
+    decision: str = ""
+    decision_digest: str = ""
+    decision_envelope: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cursor: int = 0
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
+    capture_event: dict[str, Any] = dataclasses.field(default_factory=dict)
+    admission_event: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def finish_capture(self, cursor: int, recorded_at: str, auth: str) -> None:
+        """The capture's cursor is known: its record (digest, id) and journal event."""
+        self.cursor = cursor
+        env = self.env
+        self.record = Lifecycle._build_record(env["payload"], self.pd, env["recorded_at"], cursor,
+                                              env["authorization_receipt_digest"], env["trust"])
+        self.capture_event = {
+            "event_id": "capture:" + self.cid,
+            "recorded_at": recorded_at,
+            "operation": "capture",
+            "candidate_id": self.cid,
+            "to_state": INITIAL_STATE.value,
+            "authorization_receipt_digest": auth,
+        }
 
 
 class Lifecycle:
@@ -345,6 +405,207 @@ class Lifecycle:
             ledger.store(uow, ctx, key, "request_admission", intent, value, issued_at)
         self._destroy(key_ref)  # a failure is retried (retry_keys), or swept at the next open
         return value, admitted
+
+    # -- a batch of captures, each with its admission request, in one transaction (an import) --
+
+    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem], now: int) -> list[BatchOutcome]:
+        """What ``capture`` then ``request_admission`` of each item would do, in item order, in ONE
+        transaction: the same journal events, rows, ledger answers and receipts, each item screened
+        and decided on its own (one refused item is its own outcome, the others commit). A capture
+        decided without adjudication never gets a key file (its key and envelope would be dropped in
+        the same commit); the record keys and those of candidates left pending are created together
+        (KeyRing.create_many) before the commit. An item either key of which is in the ledger
+        already, or whose capture key an earlier item of the batch uses, is ``deferred``: the
+        caller sends it through capture and request_admission one by one (their replays)."""
+        outcomes: list[BatchOutcome] = [BatchOutcome() for _ in items]
+        recorded_at = issued_at = to_instant(now)
+        auth_capture = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
+        prepared: list[_Prepared] = []
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            key = item.capture["idempotency_key"]
+            if key in seen:
+                outcomes[index].deferred = True
+                continue
+            seen.add(key)
+            prepared.append(self._prepare(ctx, index, item, now, recorded_at, auth_capture))
+        with self.db.transaction() as uow:
+            digests = [d for p in prepared for d in (p.capture_kd, p.admit_kd)]
+            known = uow.ledger_lookup_many(ctx.scope_ref, ctx.principal, digests) if digests else {}
+            todo = []
+            for p in prepared:
+                if p.capture_kd in known or p.admit_kd in known:
+                    outcomes[p.index].deferred = True  # a replay: answered by the one-by-one path
+                elif p.error is not None:
+                    outcomes[p.index].error = p.error
+                else:
+                    todo.append(p)
+            forgotten = uow.tombstoned_many(ctx.scope_ref, [p.pd for p in todo]) if todo else set()
+            for p in todo:
+                if p.decision == "accept" and p.pd in forgotten:
+                    p.decision = "adjudication_required"  # forgotten content is never silently re-admitted
+            keys = iter(self.keys.create_many(sum(1 for p in todo if p.decision != "reject")))
+            cursor = uow.high_water(ctx.scope_ref)
+            events: list[tuple[dict[str, Any], bool]] = []
+            for p in todo:
+                cursor += 1
+                p.finish_capture(cursor, recorded_at, auth_capture)
+                p.decision_envelope = self._decision_envelope(p, issued_at)
+                p.decision_digest = p.decision_envelope["receipt_digest"]
+                events.append((p.capture_event, False))
+                if p.decision != "adjudication_required":
+                    cursor += 1
+                    p.admission_event = self._admission_event(ctx, p, issued_at)
+                    events.append((p.admission_event, p.decision == "accept"))
+            bodies = iter(uow.append_events(ctx.scope_ref, events))
+            candidates: list[NewCandidate] = []
+            closed: list[str | None] = []
+            records: list[NewRecord] = []
+            answers: list[tuple[str, str, str, str, str]] = []
+            for p in todo:
+                out = outcomes[p.index]
+                capture_event = next(bodies)
+                out.capture = {
+                    "status": "committed_pending",
+                    "candidate_id": p.cid,
+                    "record_digest": p.record["record_digest"],
+                    "cursor": str(p.cursor),
+                    "transaction_receipt_digest": self._transaction_receipt(
+                        "capture", p.cursor, capture_event["event_hash"], recorded_at),
+                }
+                answers.append((p.capture_kd, "capture", p.capture_intent, canonical_text(out.capture), recorded_at))
+                candidate = NewCandidate(p.cid, ctx.scope_ref, ctx.principal, INITIAL_STATE.value, p.cursor,
+                                         recorded_at, p.pd, p.record["record_digest"], None, None)
+                if p.decision == "adjudication_required":
+                    key_ref, dek = next(keys)
+                    candidates.append(dataclasses.replace(candidate, key_ref=key_ref,
+                                                          envelope=seal(dek, p.envelope, pending_context(p.cid))))
+                    closed.append(None)
+                    out.admission = self._pending_value(p.cid, str(p.cursor), p.decision_digest)
+                    answers.append((p.admit_kd, "request_admission", p.admit_intent, canonical_text(out.admission),
+                                    issued_at))
+                    continue
+                accepted = p.decision == "accept"
+                operation = Operation.ACCEPT if accepted else Operation.REJECT
+                event = next(bodies)
+                cursor = int(event["cursor"])
+                outcome: dict[str, Any] = {
+                    "status": CANDIDATE_ROW_STATE[operation].value,
+                    "candidate_id": p.cid,
+                    "cursor": str(cursor),
+                    "decision_receipt_digest": p.decision_digest,
+                    "transaction_receipt_digest": self._transaction_receipt(
+                        operation.value, cursor, event["event_hash"], issued_at,
+                        p.record["record_digest"] if accepted else None),
+                }
+                if accepted:
+                    rkey_ref, rdek = next(keys)
+                    outcome["record_id"] = p.record["record_id"]
+                    records.append(self._new_record(ctx.scope_ref, p.cid, p.record, rkey_ref, rdek))
+                    out.admitted = AdmittedRecord(ctx.scope_ref, p.record, cursor)
+                candidates.append(dataclasses.replace(candidate, state=CANDIDATE_ROW_STATE[operation].value))
+                closed.append(canonical_text(outcome))
+                out.admission = {"outcome": outcome, "replayed": False}
+                answers.append((p.admit_kd, "request_admission", p.admit_intent, canonical_text(out.admission),
+                                issued_at))
+            uow.insert_candidates(candidates, closed)
+            uow.insert_records(records)
+            uow.ledger_store_many(ctx.scope_ref, ctx.principal, answers)
+        return outcomes
+
+    def _prepare(self, ctx: HostContext, index: int, item: BatchItem, now: int, recorded_at: str,
+                 auth: str) -> _Prepared:
+        """An item's work that needs no transaction: its effective payload, digests, envelope and
+        the admission policy's screen (what capture and request_admission compute)."""
+        args = item.capture
+        key = args["idempotency_key"]
+        admit_args = {"candidate_id": derive_candidate_id(ctx.source_ref, "0", key),
+                      "idempotency_key": item.admit_key}
+        p = _Prepared(index=index, cid=admit_args["candidate_id"],
+                      capture_kd=ledger.key_digest(key), admit_kd=ledger.key_digest(item.admit_key),
+                      capture_intent=ledger.intent_hash("capture", args),
+                      admit_intent=ledger.intent_hash("request_admission", admit_args))
+        try:
+            payload = self._effective_payload(ctx, args["payload"], now)
+        except EngramError as exc:
+            p.error = exc
+            return p
+        evidence = args["evidence"]
+        p.pd = payload_digest(payload)
+        trust = {
+            "class": "asserted",
+            "evidence_digest": evidence["evidence_digest"],
+            "verifier_id": ASSERTED_VERIFIER,
+            "verifier_version": "1",
+            "issued_at": recorded_at,
+            "revocation_epoch": "0",
+        }
+        trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": p.pd})
+        p.envelope = canonical_bytes({"schema_version": 1, "payload": payload, "evidence": evidence,
+                                      "authorization_receipt_digest": auth, "trust": trust,
+                                      "recorded_at": recorded_at})
+        # What the admission reads back from the sealed envelope: the same JSON, decoded.
+        env = json.loads(p.envelope)
+        p.env = env
+        p.decision = self.admission_policy.decide(env["payload"], env["evidence"])
+        return p
+
+    def _decision_envelope(self, p: _Prepared, issued_at: str) -> dict[str, Any]:
+        envelope: dict[str, Any] = {
+            "policy_id": self.admission_policy.policy_id,
+            "policy_version": self.admission_policy.policy_version,
+            "record_digest": p.record["record_digest"],
+            "decision": p.decision,
+            "issued_at": issued_at,
+        }
+        envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
+        return envelope
+
+    def _admission_event(self, ctx: HostContext, p: _Prepared, issued_at: str) -> dict[str, Any]:
+        envelope = p.decision_envelope
+        accepted = p.decision == "accept"
+        operation = Operation.ACCEPT if accepted else Operation.REJECT
+        body: dict[str, Any] = {
+            "event_id": "admission:" + p.cid,
+            "recorded_at": p.record["recorded_at"],
+            "operation": operation.value,
+            "candidate_id": p.cid,
+            "to_state": next_state(operation, CandidateState.PENDING).value,
+            "authorization_receipt_digest": authorization_receipt(ctx, "request_admission",
+                                                                  {"candidate_id": p.cid}),
+            "admission_decision": envelope,
+        }
+        if accepted:
+            body["record_id"] = p.record["record_id"]
+            body["record_digest"] = p.record["record_digest"]
+        return body
+
+    @staticmethod
+    def _pending_value(cid: str, pending_cursor: str, decision_digest: str) -> dict[str, Any]:
+        return {
+            "outcome": {
+                "status": "pending_adjudication",
+                "candidate_id": cid,
+                "cursor": pending_cursor,
+                "decision_receipt_digest": decision_digest,
+                "transaction_receipt_digest": receipt_digest(
+                    "admission-pending",
+                    {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
+                ),
+            },
+            "replayed": False,
+        }
+
+    def _new_record(self, scope_ref: str, cid: str, record: dict[str, Any], key_ref: str, dek: bytes) -> NewRecord:
+        valid = record["valid_time"]
+        expires = record["retention"].get("expires_at")
+        return NewRecord(
+            record["record_id"], scope_ref, cid, next_state(Operation.ACCEPT, CandidateState.PENDING).value,
+            record["record_digest"],
+            record["payload_digest"], int(record["recorded_cursor"]), valid["t"], valid.get("t_end"),
+            from_instant(expires) if expires else None, key_ref,
+            seal(dek, canonical_bytes(record), record_context(record["record_id"])),
+            event_at(record), event_kind(self.keys.server_secret, scope_ref, event_type(record)))
 
     # -- operator adjudication (host-only: engram-memory admin adjudicate) --------------
 

@@ -34,6 +34,7 @@ from engram_memory.models.digests import payload_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import RecordState
 from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input, to_plain
+from engram_memory.store.lifecycle import BatchItem, BatchOutcome
 from engram_memory.store.policy import secret_kind
 from engram_memory.store.refusals import AdminUsageError
 from engram_memory.store.secrets import find_secret
@@ -54,6 +55,10 @@ MAX_LISTED = 200  # items named per outcome in a report (the counts are always w
 # An import indexes what it admitted every this many items (one projection update each): memory
 # stays bounded on a large file, and an interrupted import has indexed all but the last chunk.
 INDEX_EVERY = 2000
+# An import commits this many items in one transaction (their screen and decision still one by one):
+# one commit, one journal append and one sync of the new data keys per batch instead of per item.
+BATCH = 500
+FIRST_BATCH = 50  # the first batch of an import; each next one as large as all before it, up to BATCH
 
 
 def import_context(scope_ref: str) -> HostContext:
@@ -411,64 +416,134 @@ def _refusal(exc: EngramError) -> str:
 def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
                  advance: Callable[[], None] = lambda: None,
                  phase: Callable[[str], None] = lambda message: None) -> ImportReport:
-    """Capture and request admission of every item, in file order, as the scope's import principal;
-    the admitted records are indexed together at the end (``phase`` hears of each step)."""
+    """Capture and request admission of every item, in file order, as the scope's import principal:
+    BATCH items to a transaction (Engine.capture_and_admit; each item still screened and decided on
+    its own), the admitted records indexed together every INDEX_EVERY items (``phase`` hears of
+    each indexing; ``advance`` of each item once its batch is committed)."""
     report = ImportReport(scope_ref, fmt, items=len(items))
     ctx = import_context(scope_ref)
     present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
     for start in range(0, len(items), INDEX_EVERY):
         before = len(report.record_ids)
         with engine.batch():  # the chunk's admitted records are indexed together when it ends
-            for item in items[start:start + INDEX_EVERY]:
-                _import_one(engine, ctx, item, present, report)
-                advance()
+            chunk, first = items[start:start + INDEX_EVERY], 0
+            while first < len(chunk):
+                # The first batches are small: the first items show (and an interruption stops) soon.
+                size = min(BATCH, max(FIRST_BATCH, start + first))
+                batch = chunk[first:first + size]
+                _import_batch(engine, ctx, batch, present, report)
+                for _item in batch:
+                    advance()
+                first += size
             if len(report.record_ids) > before:
                 phase(f"indexing {len(report.record_ids) - before} imported record(s)")
     return report
 
 
-def _import_one(engine: Any, ctx: HostContext, item: Item, present: set[str], report: ImportReport) -> None:
+@dataclass
+class _Ready:
+    """An item that passed the contract's checks: its capture arguments (plain, with their
+    idempotency key), its admission's key, and the payload digest its record will have."""
+
+    item: Item
+    capture: CaptureInput
+    plain: dict[str, Any]
+    admit_key: str
+    digest: str
+
+
+def _checked(ctx: HostContext, item: Item, report: ImportReport) -> _Ready | None:
+    """The item ready to import, or None once it is reported invalid."""
     if item.args is None:
         report.invalid.append({"item": item.label, "reason": item.problem or "invalid"})
-        return
+        return None
     try:
         args, admit_key = _keyed(item.args)
         capture = parse_input("capture", args)
     except EngramError as exc:
         report.invalid.append({"item": item.label, "reason": _refusal(exc)})
-        return
+        return None
     except CanonicalizationError:
         report.invalid.append({"item": item.label, "reason": UNPAIRED})
-        return
+        return None
     except (ValueError, TypeError, RecursionError, ValidationError) as exc:
         report.invalid.append({"item": item.label, "reason": f"INVALID_SCHEMA: {type(exc).__name__}"})
-        return
+        return None
     assert isinstance(capture, CaptureInput)
     plain = to_plain(capture)
     # What the record's payload digest will be: the payload as captured (an export's carries its
     # retention and reconciliation, a graph item's sets them), bound to the scope.
     digest = payload_digest({**plain["payload"], "scope_ref": ctx.scope_ref})
-    if digest in present:
-        report.already_present += 1  # the same payload is a current record of the scope already
+    return _Ready(item, capture, plain, admit_key, digest)
+
+
+def _import_batch(engine: Any, ctx: HostContext, batch: list[Item], present: set[str],
+                  report: ImportReport) -> None:
+    """One transaction for the batch's new items; an item the batch cannot answer (a replay of an
+    earlier import's, or a payload an earlier item of the batch carries too) goes one by one
+    after it, exactly as before batches."""
+    ready: list[_Ready] = []
+    one_by_one: list[_Ready] = []
+    digests: set[str] = set()
+    for item in batch:
+        checked = _checked(ctx, item, report)
+        if checked is None:
+            continue
+        if checked.digest in present:
+            report.already_present += 1  # the same payload is a current record of the scope already
+        elif checked.digest in digests:
+            one_by_one.append(checked)  # decided once the first is (present then, if admitted)
+        else:
+            digests.add(checked.digest)
+            ready.append(checked)
+    try:
+        outcomes = engine.capture_and_admit(ctx, [BatchItem(r.plain, r.admit_key) for r in ready]) if ready else []
+    except EngramError:  # the batch as a whole failed (nothing committed): each item on its own says why
+        outcomes = [BatchOutcome(deferred=True) for _ in ready]
+    for r, outcome in zip(ready, outcomes, strict=True):
+        if outcome.deferred:
+            one_by_one.append(r)
+        elif outcome.error is not None:
+            report.invalid.append({"item": r.item.label, "reason": _refusal(outcome.error)})
+        else:
+            assert outcome.capture is not None and outcome.admission is not None
+            _account(report, present, r, outcome.capture["status"], outcome.admission["replayed"],
+                     outcome.admission["outcome"])
+    for r in one_by_one:
+        _import_one(engine, ctx, r, present, report)
+
+
+def _import_one(engine: Any, ctx: HostContext, r: _Ready, present: set[str], report: ImportReport) -> None:
+    if r.digest in present:
+        report.already_present += 1
         return
     try:
-        captured = engine.capture(ctx, capture)
+        captured = engine.capture(ctx, r.capture)
         admitted = engine.request_admission(
-            ctx, RequestAdmissionInput(candidate_id=captured.candidate_id, idempotency_key=admit_key))
+            ctx, RequestAdmissionInput(candidate_id=captured.candidate_id, idempotency_key=r.admit_key))
     except EngramError as exc:  # the host policy's refusals (retention, families) and the like
-        report.invalid.append({"item": item.label, "reason": _refusal(exc)})
+        report.invalid.append({"item": r.item.label, "reason": _refusal(exc)})
         return
     outcome = admitted.outcome
-    fresh = not admitted.replayed and outcome.status != "duplicate_exact"
-    report.changed = report.changed or captured.status == "committed_pending" or fresh
-    if outcome.status == "accepted" and fresh:
+    _account(report, present, r, captured.status, admitted.replayed,
+             {"status": outcome.status, "record_id": getattr(outcome, "record_id", None),
+              "candidate_id": getattr(outcome, "candidate_id", None)})
+
+
+def _account(report: ImportReport, present: set[str], r: _Ready, capture_status: str, replayed: bool,
+             outcome: dict[str, Any]) -> None:
+    """An item's answers in the report (the same whether its batch or it alone was sent)."""
+    status = outcome["status"]
+    fresh = not replayed and status != "duplicate_exact"
+    report.changed = report.changed or capture_status == "committed_pending" or fresh
+    if status == "accepted" and fresh:
         report.imported += 1
-        report.record_ids.append(str(outcome.record_id))
-        present.add(digest)
-    elif outcome.status in ("accepted", "duplicate_exact"):
+        report.record_ids.append(str(outcome["record_id"]))
+        present.add(r.digest)
+    elif status in ("accepted", "duplicate_exact"):
         report.already_present += 1
-    elif outcome.status == "rejected":
-        kind = secret_kind(plain["payload"], plain["evidence"])
-        report.rejected.append({"item": item.label, "reason": f"secret:{kind}" if kind else "rejected"})
+    elif status == "rejected":
+        kind = secret_kind(r.plain["payload"], r.plain["evidence"])
+        report.rejected.append({"item": r.item.label, "reason": f"secret:{kind}" if kind else "rejected"})
     else:
-        report.pending.append({"item": item.label, "candidate_id": outcome.candidate_id})
+        report.pending.append({"item": r.item.label, "candidate_id": str(outcome["candidate_id"])})

@@ -462,7 +462,7 @@ def _import_until_progress(graph: Path, where: Path, scope: str) -> tuple[subpro
 
 def test_sigint_says_how_far_and_sigkill_is_recoverable_then_the_same_command_finishes(tmp_path: Path) -> None:
     graph, where = tmp_path / "memory.jsonl", tmp_path / "store"
-    total = 600
+    total = 3000  # batches commit hundreds of items at once: enough that both interrupted runs leave work
     graph.write_text("".join(json.dumps({"type": "entity", "name": f"Entity {e}", "entityType": "note",
                                          "observations": [f"Observation {e}-{k} about ledger {e * 10 + k}"
                                                           for k in range(10)]}) + "\n"

@@ -771,6 +771,42 @@ class PostgresUnitOfWork:
         self._lock(scope_ref).execute("INSERT INTO tombstoned_payloads VALUES (%s, %s, %s, %s)",
                                       [scope_ref, payload_digest, record_id, cursor])
 
+    # -- a batch in one transaction (an import): the same statements, one commit for the batch --
+
+    def ledger_lookup_many(self, scope_ref: str, principal: str, key_digests: Sequence[str]
+                           ) -> dict[str, LedgerEntry]:
+        return {kd: LedgerEntry(intent, value) for kd, intent, value in self._lock(scope_ref).execute(
+            "SELECT key_digest, intent_hash, value FROM idempotency WHERE scope_ref = %s AND principal = %s"
+            " AND key_digest = ANY(%s)",
+            [scope_ref, principal, list(key_digests)],
+        ).fetchall()}
+
+    def tombstoned_many(self, scope_ref: str, payload_digests: Sequence[str]) -> set[str]:
+        return {pd for (pd,) in self._lock(scope_ref).execute(
+            "SELECT DISTINCT payload_digest FROM tombstoned_payloads WHERE scope_ref = %s AND payload_digest = ANY(%s)",
+            [scope_ref, list(payload_digests)],
+        ).fetchall()}
+
+    def append_events(self, scope_ref: str, events: Sequence[tuple[dict[str, Any], bool]]) -> list[dict[str, Any]]:
+        return [self.append_event(scope_ref, event, advance) for event, advance in events]
+
+    def insert_candidates(self, candidates: Sequence[NewCandidate], outcomes: Sequence[str | None]) -> None:
+        for c, outcome in zip(candidates, outcomes, strict=True):
+            self._lock(c.scope_ref).execute(
+                "INSERT INTO candidates VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [c.candidate_id, c.scope_ref, c.principal, c.state, c.created_cursor, c.recorded_at,
+                 c.payload_digest, c.record_digest, c.key_ref, c.envelope, outcome],
+            )
+
+    def insert_records(self, records: Sequence[NewRecord]) -> None:
+        for r in records:
+            self.insert_record(r)
+
+    def ledger_store_many(self, scope_ref: str, principal: str,
+                          rows: Sequence[tuple[str, str, str, str, str]]) -> None:
+        for key_digest, tool, intent_hash, value, created_at in rows:
+            self.ledger_store(scope_ref, principal, key_digest, tool, intent_hash, value, created_at)
+
     def live_keys(self, scope_ref: str, record_ids: Sequence[str], state: str) -> list[tuple[str, str]]:
         # Under the scope's lock: a forget of one of them waits for this transaction's embeddings,
         # then deletes them with the record's key (read without it, the forget could commit in
@@ -809,6 +845,9 @@ class PostgresKeyRing:
         if inserted is None:
             raise StoreError("the store's master key changed (rotated): restart this node with the new key file")
         return key_ref, dek
+
+    def create_many(self, count: int) -> list[tuple[str, bytes]]:
+        return [self.create() for _ in range(count)]  # each its own commit, before the batch's
 
     def load(self, key_ref: str) -> bytes | None:
         row = self._store.one("SELECT wrapped FROM data_keys WHERE key_ref = %s", [key_ref])

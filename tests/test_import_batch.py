@@ -1,0 +1,105 @@
+"""An import's batches (issue 40 §3): ONE transaction per batch of items (Engine.capture_and_admit)
+must leave exactly what sending each item through capture then request_admission leaves -- the
+same journal events and hashes, ledger answers, candidate and record rows -- on both backends,
+with a secret rejected, forgotten content held for an operator, an invalid item and repeats
+within a batch among the items. Real engines, a frozen clock, no embedding model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engram_memory.eval.bench_import import graph_lines
+from engram_memory.store import transfer
+from engram_memory.store.engine import Engine
+from tests.conftest import Backend
+from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
+from tests.test_transfer import PASSWORD, engine_on, other  # noqa: F401 - the fixture
+
+SCOPE_REF = ctx().scope_ref
+HELD = "The staging cluster is called heron and will be retired"
+
+
+def _items(tmp_path: Path) -> list[transfer.Item]:
+    """Generated observations, a secret, the forgotten text, repeats, and an export item whose
+    retention ends before the import's instant (refused by the lifecycle: INVALID_SCHEMA)."""
+    graph = tmp_path / "graph.jsonl"
+    lines = graph_lines(30, per_entity=5)
+    lines.append({"type": "entity", "name": "Alice", "entityType": "person",
+                  "observations": [f"Her database password is {PASSWORD}", "Leads the billing team",
+                                   "Leads the billing team"]})
+    lines.append(lines[0])  # the first entity again: its items are repeats
+    graph.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    items = transfer.read_items(graph).items
+    held = capture_args(HELD)
+    expired = capture_args("A note past its retention", retention={"derivative_rule": "make-ineligible",
+                                                                   "expires_at": "2020-01-01T00:00:00.000Z"})
+    return [*items[:10], transfer.Item("held", {"payload": held["payload"], "evidence": held["evidence"]}),
+            transfer.Item("expired", {"payload": expired["payload"], "evidence": expired["evidence"]}),
+            *items[10:]]
+
+
+def _forget_held(engine: Engine) -> None:
+    cap = call(engine, "capture", ctx(), capture_args(HELD, key="capture-key-held01"))
+    adm = call(engine, "request_admission", ctx(), {"candidate_id": cap["candidate_id"],
+                                                    "idempotency_key": "admit-key-held0001"})
+    call(engine, "forget", ctx(), forget_args(adm["outcome"]["record_id"]))
+
+
+def _one_by_one(engine: Engine, items: list[transfer.Item]) -> transfer.ImportReport:
+    """The path before batches: capture then request_admission of each item, in file order."""
+    report = transfer.ImportReport(SCOPE_REF, "test", items=len(items))
+    present: set[str] = set()
+    import_ctx = transfer.import_context(SCOPE_REF)
+    for item in items:
+        ready = transfer._checked(import_ctx, item, report)
+        if ready is not None:
+            transfer._import_one(engine, import_ctx, ready, present, report)
+    return report
+
+
+def _state(engine: Engine) -> dict[str, list[Any]]:
+    """Every row an import writes, without what is random by design (key refs, sealed bytes)."""
+    db: Any = engine.db
+    return {
+        "journal": db.all("SELECT scope_ref, cursor, event_id, operation, body, event_hash FROM journal"
+                          " ORDER BY scope_ref, cursor"),
+        "scopes": db.all("SELECT scope_ref, high_water, last_event_hash, projection_cursor FROM scopes"),
+        "ledger": db.all("SELECT scope_ref, principal, key_digest, tool, intent_hash, value, created_at"
+                         " FROM idempotency ORDER BY key_digest"),
+        "candidates": db.all("SELECT candidate_id, state, created_cursor, recorded_at, payload_digest, record_digest,"
+                             " key_ref IS NULL, envelope IS NULL, outcome FROM candidates ORDER BY candidate_id"),
+        "records": db.all("SELECT record_id, candidate_id, state, record_digest, payload_digest, recorded_cursor,"
+                          " valid_t, event_at, event_kind IS NULL FROM records ORDER BY record_id"),
+    }
+
+
+def test_a_batched_import_writes_exactly_what_one_item_at_a_time_writes(
+        backend: Backend, other: Backend, tmp_path: Path, monkeypatch: Any) -> None:  # noqa: F811
+    items = _items(tmp_path)
+    monkeypatch.setattr(transfer, "BATCH", 7)  # several batches, repeats across and within them
+    batched, single = engine_on(backend, tmp_path / "a"), engine_on(other, tmp_path / "b")
+    try:
+        for engine in (batched, single):
+            _forget_held(engine)
+        report = transfer.import_items(batched, SCOPE_REF, "test", items)
+        expected = _one_by_one(single, items)
+        assert report.counts() == expected.counts()
+        assert report.counts() == {"items": len(items), "imported": 31, "already_present": 6, "rejected": 1,
+                                   "pending_adjudication": 1, "invalid": 1}, report.counts()
+        assert sorted(report.record_ids) == sorted(expected.record_ids)
+        assert len(report.rejected) == 1 and report.rejected[0]["reason"].startswith("secret:"), report.rejected
+        assert report.invalid[0]["item"] == "expired" and report.invalid[0]["reason"].startswith("INVALID_SCHEMA")
+        assert _state(batched) == _state(single)
+        # the candidate held for an operator kept its key: it can still be decided
+        assert len(batched.keys.key_refs()) == len(single.keys.key_refs()) == 32
+        # a second import is a no-op, answered from what the first committed
+        again = transfer.import_items(batched, SCOPE_REF, "test", items)
+        assert again.imported == 0 and not again.changed, again.counts()
+        assert again.already_present + len(again.pending) + len(again.rejected) + len(again.invalid) == len(items)
+    finally:
+        batched.close()
+        single.close()
+    assert T0  # the engines' frozen instant (tests.test_transfer.engine_on)
