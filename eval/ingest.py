@@ -38,7 +38,7 @@ from tqdm import tqdm
 from engram_memory.eval.beir import Collection, Doc, truncate_utf8
 from engram_memory.models.context import HostContext
 from engram_memory.models.limits import ENCODE_THREADS, TEXT_MAX_BYTES, TURN_TYPES
-from engram_memory.models.settings import Channel
+from engram_memory.models.settings import DEFAULT_MODEL, Channel
 from engram_memory.models.tools import parse_input, to_plain
 
 INGEST_VERSION = 3  # bump when the doc -> capture mapping changes: it keys the cache (3: turns are typed)
@@ -171,7 +171,11 @@ def admission_policy_ref() -> str:
 
 
 def store_key(col: Collection, mapping: str) -> str:
+    """The cached store's folder name; a run with another model than the default has its own store
+    (a store keeps the model it was created with: store/embedding_model.py)."""
     key = f"{INGEST_VERSION}\0{mapping}\0{admission_policy_ref()}\0{col.fingerprint}"
+    if _MODEL.get("model", DEFAULT_MODEL) != DEFAULT_MODEL:
+        key += f"\0{_MODEL['model']}"
     fp = hashlib.sha256(key.encode()).hexdigest()[:16]
     return f"{col.name}-{mapping}-{col.limit_docs or 'all'}-{fp}"
 

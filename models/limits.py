@@ -46,6 +46,11 @@ SEMANTIC_FLOOR: Final = 0.3
 # scope's languages). A question in another language than the memory's shares few words with it,
 # and those few (names, numbers) would pull a good semantic ranking down (retrieval/ranking.py).
 LEXICAL_COVERAGE_FULL: Final = 0.5
+# Its mirror: the semantic channel's weight is multiplied by this when the query's identified
+# language (retrieval/languages.py) is not one the store's embedding model was trained for
+# (retrieval/embedder.py MODEL_LANGUAGES): the English MiniLM places an Arabic question near no
+# paragraph of its own, and its noise would pull a good lexical ranking down (eval/RESULTS.md §13).
+SEMANTIC_FOREIGN_SCALE: Final = 0.25
 # The ranking's top RERANK_HEAD (hybrid or one channel) are reordered by who said a record and how
 # its neighbours in event order scored (retrieval/rerank.py): head and weights chosen by rotation on
 # LoCoMo (studies/rerank-study.md); both are inert on records without speaker labels or event order.

@@ -161,6 +161,8 @@ class Fusion(Closed):
     weights: FusionWeights = ABSENT
     semantic_floor: Score = ABSENT
     lexical_coverage: Score = ABSENT  # when it scaled the lexical weight down (retrieval/ranking.py)
+    # the query's language, when the embedding model was not trained for it and its weight was scaled down
+    semantic_language: str = ABSENT
     rerank: Rerank = ABSENT
 
 

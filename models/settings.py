@@ -65,9 +65,11 @@ class EngineSettings(BaseModel):
     master_key_file: Path | None = Field(
         default=None, description="The PostgreSQL store's master key file (from admin init-store)."
     )
-    model: EmbeddingModel = Field(
-        default=DEFAULT_MODEL,
-        description="Embedding model: " + " or ".join(EMBEDDING_MODELS) + " (multilingual; needs the e5 extra).",
+    model: EmbeddingModel | None = Field(
+        default=None,
+        description="Embedding model: " + " or ".join(EMBEDDING_MODELS) + " (multilingual; needs the e5 extra)."
+        f" Absent: the store's own (a new store: {DEFAULT_MODEL}); another than the store's is refused"
+        " (rebuild-index --model switches it).",
     )
     model_path: Path | None = Field(default=None, description="Local embedding model directory (instead of --model).")
     semantic: bool = Field(default=True, description="Load the embedding model (semantic channel).")
@@ -124,7 +126,7 @@ class EngineSettings(BaseModel):
             raise ValueError("retention_ceiling_days must be at least 1")
         if "record_id" in self.redacted_fields:
             raise ValueError("record_id can never be redacted")
-        if self.model_path is not None and self.model != DEFAULT_MODEL:
+        if self.model_path is not None and self.model is not None:
             raise ValueError("model and model_path both name the embedding model: give one")
         if self.hnsw_threshold < 1:
             raise ValueError("hnsw_threshold must be at least 1")

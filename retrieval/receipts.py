@@ -14,6 +14,7 @@ import tantivy
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.digests import receipt_digest
+from engram_memory.retrieval.embedder import model_languages
 from engram_memory.retrieval.lexical import RANKING_NAME
 from engram_memory.retrieval.ranking import RankedHit
 
@@ -86,6 +87,7 @@ def profile_config_digest(
     channels: Sequence[str],
     semantic_receipt: Mapping[str, Any],
     hnsw_threshold: int,
+    foreign_scale: float = 1.0,
 ) -> str:
     config: dict[str, Any] = {
         "profile": profile,
@@ -101,6 +103,10 @@ def profile_config_digest(
                               "hnsw_threshold": hnsw_threshold}
         if "model_runtime" in semantic_receipt:
             config["semantic"]["model_runtime"] = semantic_receipt["model_runtime"]
+        trained = model_languages(semantic_receipt["model_id"])
+        if trained is not None:  # a query in another language scales its weight (retrieval/ranking.py)
+            config["semantic"]["languages"] = trained
+            config["semantic"]["foreign_scale"] = foreign_scale
     return receipt_digest("recall-profile-config", config, "profile_config_digest")
 
 

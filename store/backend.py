@@ -38,6 +38,10 @@ class StoreRefused(StoreError):
     one line for the operator, who must fix the launch (exit 2)."""
 
 
+# The ``meta`` key that names the embedding model a store was created with (store/models.py).
+EMBEDDING_MODEL_KEY = "embedding_model"
+
+
 class StoreBusyError(RuntimeError):
     """Another process owns the data directory (DuckDB allows one writer)."""
 
@@ -416,6 +420,11 @@ class Store(Protocol):
     def unacknowledged(self, scope_ref: str, cursor: int) -> int:
         """How many live nodes' projections of the scope are still behind ``cursor``."""
         ...
+
+    # the embedding model the store was created with (JSON, store/models.py; None: not recorded)
+    def embedding_model(self) -> str | None: ...
+
+    def record_embedding_model(self, value: str) -> None: ...
 
     # identity and copies (backup)
     def store_id(self) -> str: ...

@@ -54,6 +54,8 @@ from engram_memory.store import ledger
 from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
 from engram_memory.store.crypto import open_sealed, seal
+from engram_memory.store.embedding_model import adopt as adopt_model
+from engram_memory.store.embedding_model import record_identity
 from engram_memory.store.lifecycle import (
     AdmittedRecord,
     BatchItem,
@@ -162,13 +164,16 @@ class Engine:
 
     @classmethod
     def open(cls, settings: EngineSettings, *, clock: Clock | None = None,
-             lexical: LexicalConfig = REFERENCE_PROFILE) -> Engine:
+             lexical: LexicalConfig = REFERENCE_PROFILE, switch_model: bool = False) -> Engine:
         """Open (or create) a data directory; raises StoreBusyError if another process owns it.
 
+        The embedding model is the store's (store/embedding_model.py): ModelMismatch when the
+        settings name another, unless ``switch_model`` (rebuild-index re-embeds with the one named).
         ``clock`` (epoch ms; default the wall clock or ENGRAM_CLOCK_MS) and ``lexical`` (per-field
         BM25 boosts) are run-time choices of tests and the evaluation harness, not settings."""
         db = open_store(settings)
         try:
+            settings = adopt_model(settings, db, switch=switch_model)
             engine = cls(settings, db, clock=clock, lexical=lexical)
         except BaseException:
             db.close()
@@ -349,6 +354,7 @@ class Engine:
                 if self._closed:
                     return
                 self.projections.model_digest = self.embedder.model_digest
+                record_identity(self.db, self.embedder.model_id, self.embedder.model_digest)
                 for scope_ref in self.scopes():
                     self._repair_vectors(scope_ref)
             while True:

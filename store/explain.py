@@ -26,8 +26,11 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import digest_bytes, receipt_digest
 from engram_memory.models.errors import EngramError
+from engram_memory.models.states import NO_FUSION
 from engram_memory.models.tools import parse_input, to_plain
 from engram_memory.retrieval import paging
+from engram_memory.retrieval.embedder import MODEL_LANGUAGES, foreign_language
+from engram_memory.retrieval.languages import identify
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.store.crypto import open_sealed
@@ -173,6 +176,10 @@ def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) 
         if isinstance(hit, dict) and "analyzer" in hit and hit["analyzer"] not in query_analyzers:
             problems.append(f"rank_receipt.ranked[{i}].lexical.analyzer {hit['analyzer']} is not one the"
                             " lexical channel names")
+    # The semantic weight was scaled down exactly when the query is in a language the receipt's model
+    # was not trained for (retrieval/embedder.py MODEL_LANGUAGES), and the fusion block names it then.
+    checked.append("semantic_language")
+    problems += _check_semantic_language(r, semantic, arguments)
     # The page shows the whole ranking when it starts it and nothing follows (no next page, or
     # every candidate ranked): then its ids are the ordered ids.
     whole = start == 1 and (r.get("candidate_count") == len(ranked) if receipt.value is None
@@ -191,6 +198,24 @@ def check_receipt(receipt: Receipt, arguments: Mapping[str, Any] | None = None) 
         checked += ["records", "response_digest"]
         problems += _check_value(receipt.value, ranked)
     return ReceiptCheck(checked, problems)
+
+
+def _check_semantic_language(r: Mapping[str, Any], semantic: Mapping[str, Any],
+                             arguments: Mapping[str, Any] | None) -> list[str]:
+    named = r["fusion"].get("semantic_language")
+    trained = MODEL_LANGUAGES.get(str(semantic.get("model_id", "")))
+    if named is not None and (trained is None or named in trained):
+        return [f"rank_receipt.fusion.semantic_language {named} is a language the semantic channel's model reads"]
+    if arguments is None or r["profile"] != HYBRID:
+        return []
+    fused = r["fusion"].get("method") != NO_FUSION
+    expected = foreign_language(semantic.get("model_id"), str(arguments["query"])) if fused else None
+    # a semantic hit shown means the channel's hits were scaled; with none shown, it may have had some
+    shown = any(isinstance(e.get("semantic"), dict) for e in r["ranked"])
+    if named != expected and (shown or named is not None):
+        return [f"rank_receipt.fusion.semantic_language is {named or '(absent)'}; the query's language is"
+                f" {identify(str(arguments['query']))}"]
+    return []
 
 
 def _check_value(value: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:

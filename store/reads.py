@@ -20,6 +20,7 @@ from engram_memory.models.digests import digest_bytes, receipt_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.limits import CHANNEL_DEPTH, RESULT_BOUND
 from engram_memory.retrieval import paging
+from engram_memory.retrieval.embedder import foreign_language
 from engram_memory.retrieval.lexical import LexicalResult
 from engram_memory.retrieval.packets import core_bytes, ranked_packet_bytes, redact
 from engram_memory.retrieval.projections import Projections
@@ -118,7 +119,9 @@ class ReadPath:
         eligible = view.eligible(set().union(*(map(itemgetter(0), found) for found in hits.values())), valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         coverage = lexical.coverage if lexical is not None else 1.0
-        ranking = rank(hits, self.fusion, coverage)
+        # a query in a language the model was not trained for: its semantic weight is scaled down
+        foreign = foreign_language(self.model_identity()[0], args["query"]) if len(hits) > 1 else None
+        ranking = rank(hits, self.fusion, coverage, foreign is not None)
         # Every ranking, fused or one channel's (lexical_v1 while the model loads or without it).
         stage = self.rerank if hits else None
         if stage is not None:
@@ -161,7 +164,7 @@ class ReadPath:
             "profile_config_digest": profile_config_digest(
                 profile=profile, channel_depth=CHANNEL_DEPTH, lexical=self.projections.lexical_description(),
                 fusion=fusion, channels=self.channels, semantic_receipt=receipts[1],
-                hnsw_threshold=self.projections.hnsw_threshold,
+                hnsw_threshold=self.projections.hnsw_threshold, foreign_scale=self.fusion.foreign_scale,
             ),
             "valid_as_of": valid_as_of,
             "system_as_of": system_as_of,
@@ -176,6 +179,8 @@ class ReadPath:
         }
         if fused and hits["lexical"] and self.fusion.lexical_scale(coverage) < 1.0:  # it scaled lexical hits
             fusion["lexical_coverage"] = coverage
+        if fused and hits["semantic"] and foreign is not None:  # it scaled semantic hits
+            fusion["semantic_language"] = foreign
         receipt["receipt_digest"] = receipt_digest("rank-receipt", receipt)
         value: dict[str, Any] = {"records": packets, "rank_receipt": receipt}
         next_offset = offset + len(packets)

