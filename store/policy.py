@@ -25,7 +25,8 @@ __all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_se
 
 POLICY_ID = "engram-memory:default-admission"
 # Bumped to "2" when every string of the candidate became screened, to "3" when credentials stated
-# in prose in four languages became secrets (store/statements.py): the version is bound into every
+# in prose in four languages became secrets (store/statements.py), to "4" when the learned screen
+# (store/secret_model.py) joined the rules (issue 36): the version is bound into every
 # admission decision receipt (tests/golden pins them) and into eval store keys.
 POLICY_VERSION = "3"
 
@@ -62,7 +63,8 @@ def _screen(text: str) -> str | None:
 
 
 def secret_kind(payload: dict[str, Any], evidence: dict[str, Any]) -> str | None:
-    """The kind of the first secret anywhere in a candidate (never the value), or None."""
+    """The kind of the first secret anywhere in a candidate (never the value), or None: a rule's kind, or
+    ``"classifier"`` when only the learned screen fired (reported as ``secret:classifier``)."""
     for text in _texts(payload, evidence):
         kind = _screen(text)
         if kind is not None:

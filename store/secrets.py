@@ -33,15 +33,18 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.plugins.keyword import KeywordDetector as _KeywordDetector
 
 from engram_memory.store.secret_layouts import find_in_layout
+from engram_memory.store.secret_model import load_model
 from engram_memory.store.statements import find_statement
 
-__all__ = ["contains_secret", "find_secret", "strings_of"]
+__all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secret", "rules_only", "strings_of"]
 
 _MAX_VALUE = 300  # characters of a value examined; a secret longer than this is still caught by its head
 
@@ -806,8 +809,8 @@ _STATEMENT_HINTS = re.compile(
 # ---- the screen -----------------------------------------------------------------------------------
 
 
-def find_secret(text: str) -> str | None:
-    """The kind of the first secret found in ``text``, or None. Never returns the value."""
+def find_rule_secret(text: str) -> str | None:
+    """The kind of the first secret the rules find in ``text``, or None. Never returns the value."""
     if not text or len(text) < 4:
         return None
     found = _shapes(text) or find_in_layout(text)
@@ -823,6 +826,35 @@ def find_secret(text: str) -> str | None:
             (_STATEMENT_HINTS.search(line) and find_statement(line))
         if found:
             return found
+    return None
+
+
+# The learned screen beside the rules (store/secret_model.py): on unless a caller measuring the rules
+# alone turns it off for its own context (``rules_only()``: eval-secrets' "rules alone" column).
+_LEARNED: ContextVar[bool] = ContextVar("engram_learned_secret_screen", default=True)
+CLASSIFIER_KIND = "classifier"
+
+
+@contextmanager
+def rules_only() -> Iterator[None]:
+    """Within this block (this context only), ``find_secret`` is the rules alone."""
+    token = _LEARNED.set(False)
+    try:
+        yield
+    finally:
+        _LEARNED.reset(token)
+
+
+def find_secret(text: str) -> str | None:
+    """The kind of the first secret in ``text`` (a rule's kind, or ``"classifier"`` when only the learned
+    screen fires), or None. Never returns the value. The decision is: a rule fires OR the model's
+    probability reaches the threshold shipped in its card."""
+    found = find_rule_secret(text)
+    if found or not _LEARNED.get() or not text or len(text) < 4:
+        return found
+    model = load_model()
+    if model is not None and model.fires(text):
+        return CLASSIFIER_KIND
     return None
 
 
