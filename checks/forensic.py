@@ -26,7 +26,7 @@ import numpy as np
 
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.retrieval.vectors import normalize_rows
-from engram_memory.store.crypto import KeyStore, open_sealed
+from engram_memory.store.crypto import KEYS_DIR, KeyStore, key_files, open_sealed
 from engram_memory.store.lifecycle import pending_context, record_context
 
 KEY_PREFIX = "local:key-"
@@ -95,9 +95,7 @@ def surviving_keys(data_dir: Path) -> dict[str, bytes]:
     """Every data key still on disk, unwrapped with the master key found beside it."""
     keys = KeyStore(data_dir)
     out = {}
-    for path in sorted(keys.dir.iterdir()):
-        if path.name.endswith(".tmp"):
-            continue
+    for path in key_files(keys.dir):
         try:
             dek = keys.load(KEY_PREFIX + path.name)
         except Exception:  # noqa: BLE001 - an overwritten (half-destroyed) key opens nothing
@@ -192,5 +190,4 @@ def orphan_keys(data_dir: Path, con: duckdb.DuckDBPyConnection | None = None) ->
     finally:
         if own:
             con.close()
-    return sorted(KEY_PREFIX + p.name for p in (data_dir / "keys").iterdir()
-                  if KEY_PREFIX + p.name not in referenced)
+    return sorted(KEY_PREFIX + p.name for p in key_files(data_dir / KEYS_DIR) if KEY_PREFIX + p.name not in referenced)

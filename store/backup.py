@@ -49,7 +49,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
-from engram_memory.store.crypto import _write_private, open_sealed, seal, shred, unwrap, wrap
+from engram_memory.store.crypto import (
+    KEYS_DIR,
+    _write_private,
+    fan_out,
+    key_files,
+    open_sealed,
+    seal,
+    shred,
+    unwrap,
+    wrap,
+)
 from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped, journal_hashes
 from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
 from engram_memory.store.timeutil import to_instant, wall_clock
@@ -366,8 +376,9 @@ def ahead_of(target: dict[str, tuple[int, str]], backup: dict[str, Any], staged_
 
 def _shred_store(path: Path) -> None:
     """Destroy a replaced store's keys (overwrite, unlink), then remove the rest."""
-    for key_file in [path / "master.key", path / "server.key", *((path / "keys").glob("*"))]:
-        shred(key_file)
+    keys = path / KEYS_DIR
+    for file in [path / "master.key", path / "server.key", *key_files(keys), *key_files(keys, temporary=True)]:
+        shred(file)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -399,6 +410,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path, *, force: bool = Fa
             raise _invalid(f"{backup}: a sealed file does not open with the backup key (damaged)") from None
         _write_private(staging / "server.key", server_key)
         (staging / SERVER_KEY_MEMBER).unlink()
+        fan_out(staging / KEYS_DIR)  # a backup's keys/ is flat (its member names); the store's is fanned out
         os.chmod(staging, 0o700)
         os.sync()  # everything staged is on disk before the swap (one sync, not one per key file)
         with _dir_lock(data_dir):

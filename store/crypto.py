@@ -1,7 +1,9 @@
 """Envelope encryption with crypto-shredding.
 
 Every pending candidate and every admitted record gets its own random AES-256-GCM data
-key. Data keys live in one file each under ``keys/``, wrapped by the master key
+key. Data keys live in one file each under ``keys/``, fanned out by the first two hex digits of
+the SHA-256 of the key's name (``keys/3f/<name>``: 256 directories, so 50,000 keys are ~200 a
+directory; ``key_file`` is the one place that knows it), wrapped by the master key
 (``master.key``, mode 0600). Destroying a key overwrites and unlinks its file, so the
 ciphertext left anywhere (DuckDB free blocks included) becomes unreadable. Key files are
 outside the DuckDB transaction on purpose: a key is created before the commit that
@@ -12,6 +14,7 @@ keys no row references, so a crash in between converges.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import secrets
 import shutil
@@ -73,10 +76,81 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+KEYS_DIR = "keys"
+KEY_PREFIX = "local:key-"
+TMP_SUFFIX = ".tmp"
+
+
+def key_name(key_ref: str) -> str:
+    """A data key's file name: its key_ref without the ``local:key-`` prefix."""
+    return key_ref.removeprefix(KEY_PREFIX)
+
+
+def key_file(keys_dir: Path, key_ref: str) -> Path:
+    """Where a data key's file lives (``key_ref`` or its bare name): ``keys/<2 hex>/<name>``, the
+    two hex digits those of the SHA-256 of the name."""
+    name = key_name(key_ref)
+    return keys_dir / hashlib.sha256(name.encode("utf-8")).hexdigest()[:2] / name
+
+
+def find_key_file(keys_dir: Path, key_ref: str) -> Path | None:
+    """The data key's file where it is: fanned out, or still in a store's flat ``keys/`` from
+    before the fan-out (a store not opened since); None when it is in neither."""
+    for path in (key_file(keys_dir, key_ref), keys_dir / key_name(key_ref)):
+        if path.is_file():
+            return path
+    return None
+
+
+def key_files(keys_dir: Path, *, temporary: bool = False) -> list[Path]:
+    """Every data key file under ``keys_dir``, in both layouts, sorted by name (``temporary``: the
+    ``.tmp`` files a crash left mid-write instead)."""
+    if not keys_dir.is_dir():
+        return []
+    found = []
+    for entry in keys_dir.iterdir():
+        for path in entry.iterdir() if entry.is_dir() else (entry,):
+            if path.name.endswith(TMP_SUFFIX) == temporary and path.is_file():
+                found.append(path)
+    return sorted(found, key=lambda p: p.name)
+
+
+def fan_out(keys_dir: Path) -> int:
+    """Move the key files of the flat layout (``keys/<name>``) into the fan-out, each by one
+    rename (atomic: a key is always in exactly one of the two places), then make the moves durable.
+    A flat file whose fanned-out place is taken is a stale copy (a rotation finished over the
+    fanned-out file: the flat one is wrapped under the destroyed master key) and is shredded.
+    Idempotent; returns how many keys moved."""
+    flat = [p for p in keys_dir.iterdir() if p.is_file()] if keys_dir.is_dir() else []
+    touched: set[Path] = set()
+    moved = 0
+    for path in flat:
+        if path.name.endswith(TMP_SUFFIX):
+            path.unlink(missing_ok=True)  # a write a crash cut short: never named by a commit
+            continue
+        target = key_file(keys_dir, path.name)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        if target.exists():
+            shred(path)
+            continue
+        os.rename(path, target)
+        touched.add(target.parent)
+        moved += 1
+    for directory in sorted(touched):
+        fsync_dir(directory)
+    if flat:
+        fsync_dir(keys_dir)
+    return moved
+
+
 class KeyStore:
-    def __init__(self, data_dir: Path) -> None:
-        self.dir = data_dir / "keys"
+    def __init__(self, data_dir: Path, *, migrate: bool = True) -> None:
+        """``migrate`` (not for a read-only look, admin verify): a flat ``keys/`` from before the
+        fan-out is fanned out now."""
+        self.dir = data_dir / KEYS_DIR
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if migrate:
+            fan_out(self.dir)
         finish_rotation(data_dir)  # a rotation a crash interrupted: completed or undone first
         master_path = data_dir / "master.key"
         if not master_path.exists():
@@ -90,13 +164,21 @@ class KeyStore:
         self.server_secret = secret_path.read_bytes()  # authenticates page cursors
 
     def _path(self, key_ref: str) -> Path:
-        return self.dir / key_ref.removeprefix("local:key-")
+        """Where the key is (either layout), or where a new one goes."""
+        return find_key_file(self.dir, key_ref) or key_file(self.dir, key_ref)
+
+    def _new_path(self, key_ref: str) -> Path:
+        path = key_file(self.dir, key_ref)
+        if not path.parent.is_dir():
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            fsync_dir(self.dir)  # the new directory's entry durable before a key in it is named
+        return path
 
     def create(self) -> tuple[str, bytes]:
-        key_ref = "local:key-" + secrets.token_hex(12)
+        key_ref = KEY_PREFIX + secrets.token_hex(12)
         dek = AESGCM.generate_key(bit_length=256)
         nonce = secrets.token_bytes(NONCE)
-        _write_private(self._path(key_ref), nonce + self._master.encrypt(nonce, dek, key_ref.encode()))
+        _write_private(self._new_path(key_ref), nonce + self._master.encrypt(nonce, dek, key_ref.encode()))
         return key_ref, dek
 
     def create_many(self, count: int) -> list[tuple[str, bytes]]:
@@ -105,9 +187,9 @@ class KeyStore:
         (a crash before that leaves keys no row references: swept at the next open)."""
         made, dirs = [], set()
         for _ in range(count):
-            key_ref = "local:key-" + secrets.token_hex(12)
+            key_ref = KEY_PREFIX + secrets.token_hex(12)
             dek = AESGCM.generate_key(bit_length=256)
-            path = self._path(key_ref)
+            path = self._new_path(key_ref)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.write(fd, wrap(self._master, key_ref, dek))
@@ -139,15 +221,16 @@ class KeyStore:
 
     def key_refs(self) -> list[str]:
         """Every data key on disk, sorted."""
-        return sorted("local:key-" + p.name for p in self.dir.iterdir() if not p.name.endswith(".tmp"))
+        return sorted(KEY_PREFIX + p.name for p in key_files(self.dir))
 
     def export(self, wrapper: AESGCM) -> dict[str, bytes]:
-        """Every data key re-wrapped under ``wrapper`` (a backup's own key): file name -> content."""
+        """Every data key re-wrapped under ``wrapper`` (a backup's own key): file name -> content
+        (the bare name: a backup's ``keys/`` and a rotation's staging are flat)."""
         out = {}
         for ref in self.key_refs():
             dek = self.load(ref)
             if dek is not None:
-                out[self._path(ref).name] = wrap(wrapper, ref, dek)
+                out[key_name(ref)] = wrap(wrapper, ref, dek)
         return out
 
     def rotate(self, data_dir: Path) -> int:
@@ -186,14 +269,13 @@ class KeyStore:
         return len(staged)
 
     def sweep_orphans(self, referenced: set[str]) -> int:
+        for path in key_files(self.dir, temporary=True):
+            path.unlink(missing_ok=True)
         removed = 0
-        for path in self.dir.iterdir():
-            ref = "local:key-" + path.name
-            if path.name.endswith(".tmp") or ref not in referenced:
-                if path.name.endswith(".tmp"):
-                    path.unlink(missing_ok=True)
-                elif self.destroy(ref):
-                    removed += 1
+        for path in key_files(self.dir):
+            ref = KEY_PREFIX + path.name
+            if ref not in referenced and self.destroy(ref):
+                removed += 1
         return removed
 
 
@@ -205,10 +287,16 @@ def finish_rotation(data_dir: Path) -> None:
         return
     staged_master, staged_keys, marker = stage / "master.key", stage / "keys", stage / COMMITTED
     if marker.exists():
-        keys = data_dir / "keys"
+        keys = data_dir / KEYS_DIR
+        touched = {keys}
         for path in sorted(staged_keys.iterdir()) if staged_keys.exists() else ():
-            os.replace(path, keys / path.name)  # each key file: old wrap or new wrap, never torn
-        fsync_dir(keys)
+            target = key_file(keys, path.name)
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, target)  # each key file: old wrap or new wrap, never torn
+            (keys / path.name).unlink(missing_ok=True)  # a flat copy under the old master (a store not fanned out)
+            touched.add(target.parent)
+        for directory in sorted(touched):
+            fsync_dir(directory)
         if staged_master.exists():
             # The old master's bytes are overwritten where they lie, then the staged copy goes.
             _overwrite_in_place(data_dir / "master.key", staged_master.read_bytes())

@@ -39,7 +39,7 @@ from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_dig
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import KeyStore, open_sealed
+from engram_memory.store.crypto import KEY_PREFIX, KEYS_DIR, KeyStore, find_key_file, key_files, open_sealed
 from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
 from engram_memory.store.hostops import state_after
@@ -119,16 +119,17 @@ class _FileKeys:
     """A DuckDB store's data keys: one file each under ``keys/``, wrapped by ``master.key``."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.dir = data_dir / "keys"
+        self.dir = data_dir / KEYS_DIR
         self.key_store: KeyStore | None = None
         if (data_dir / "master.key").is_file() and self.dir.is_dir():
-            self.key_store = KeyStore(data_dir)  # (both exist: it creates nothing)
+            # (both exist: it creates nothing; a flat keys/ from before the fan-out is read as it is)
+            self.key_store = KeyStore(data_dir, migrate=False)
 
     def problem(self) -> str | None:
         return "the store has no master key or no keys directory" if self.key_store is None else None
 
     def exists(self, key_ref: str) -> bool:
-        return (self.dir / key_ref.removeprefix("local:key-")).is_file()
+        return find_key_file(self.dir, key_ref) is not None
 
     def load(self, key_ref: str) -> bytes | None:
         if self.key_store is None:
@@ -140,8 +141,8 @@ class _FileKeys:
 
     def census(self, referenced: set[str]) -> tuple[list[str], int]:
         """(orphans: key files no row references, how many key files there are)."""
-        files = sorted(p.name for p in self.dir.iterdir()) if self.dir.is_dir() else []
-        return [name for name in files if "local:key-" + name not in referenced], len(files)
+        files = sorted(p.name for p in [*key_files(self.dir), *key_files(self.dir, temporary=True)])
+        return [name for name in files if KEY_PREFIX + name not in referenced], len(files)
 
 
 class _RowKeys:

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.crypto import COMMITTED, ROTATION_DIR, KeyStore, finish_rotation
+from engram_memory.store.crypto import COMMITTED, ROTATION_DIR, KeyStore, finish_rotation, key_file, key_files
 from engram_memory.store.engine import Engine
 from engram_memory.store.timeutil import to_instant
 from tests.conftest import CONTEXT, REPO, mcp_server, serve_argv
@@ -462,11 +462,11 @@ def test_rotate_master_key_rewraps_every_key_and_destroys_the_old_one(store) -> 
     live = seeded["records"][:-1]
     expected = answers(data_dir, live)
     old_master = (data_dir / "master.key").read_bytes()
-    old_keys = {p.name: p.read_bytes() for p in (data_dir / "keys").iterdir()}
+    old_keys = {p.name: p.read_bytes() for p in key_files(data_dir / "keys")}
     assert ok_json(["rotate-master-key", "--data-dir", str(data_dir)]) == {
         "data_dir": str(data_dir), "rewrapped": len(old_keys), "old_master_key": "destroyed"}
     assert answers(data_dir, live) == expected
-    new_keys = {p.name: p.read_bytes() for p in (data_dir / "keys").iterdir()}
+    new_keys = {p.name: p.read_bytes() for p in key_files(data_dir / "keys")}
     assert set(new_keys) == set(old_keys) and all(new_keys[n] != old_keys[n] for n in old_keys)
     for path in data_dir.rglob("*"):  # the old master's bytes are in no file of the store
         if path.is_file():
@@ -488,7 +488,7 @@ def test_a_rotation_interrupted_at_any_point_leaves_a_readable_store(store) -> N
     KeyStore(data_dir).stage_rotation(data_dir)
     staged = sorted((data_dir / ROTATION_DIR / "keys").iterdir())
     for path in staged[: len(staged) // 2 + 1]:
-        os.replace(path, data_dir / "keys" / path.name)
+        os.replace(path, key_file(data_dir / "keys", path.name))
     assert answers(data_dir, live) == expected
     assert (data_dir / "master.key").read_bytes() != master and not (data_dir / ROTATION_DIR).exists()
     finish_rotation(data_dir)  # nothing left to do: idempotent

@@ -31,6 +31,7 @@ from engram_memory.checks.forensic import (
 )
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.vectors import VectorIndex, normalize_rows
+from engram_memory.store import crypto
 from engram_memory.store.crypto import open_sealed
 from engram_memory.store.engine import Engine, embedding_text
 from engram_memory.store.lifecycle import pending_context, record_context
@@ -104,7 +105,7 @@ def vector_file_row(data_dir: Path, record_id: str) -> np.ndarray:
 
 
 def key_file(data_dir: Path, key_ref: str) -> Path:
-    return data_dir / "keys" / key_ref.removeprefix("local:key-")
+    return crypto.key_file(data_dir / "keys", key_ref)
 
 
 # ---- forget -----------------------------------------------------------------------------------

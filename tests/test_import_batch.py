@@ -13,6 +13,7 @@ from typing import Any
 
 from engram_memory.eval.bench_import import graph_lines
 from engram_memory.store import transfer
+from engram_memory.store.crypto import key_files
 from engram_memory.store.engine import Engine
 from tests.conftest import Backend
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
@@ -103,3 +104,22 @@ def test_a_batched_import_writes_exactly_what_one_item_at_a_time_writes(
         batched.close()
         single.close()
     assert T0  # the engines' frozen instant (tests.test_transfer.engine_on)
+
+
+def test_bench_import_measures_a_real_import_at_a_tiny_size(tmp_path: Path) -> None:
+    """`python -m engram_memory.eval bench-import` (the 50,000-item figure's command) at 60 items."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "engram_memory.eval", "bench-import", "--items", "60", "--out",
+                           str(out), "--work-dir", str(tmp_path / "work")],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["items"] == 60 and result["counts"]["imported"] == 60, result
+    assert result["wall_s"] > 0 and result["items_per_s"] > 0 and result["peak_rss_mib"] > 0
+    assert result["command"].startswith("engram-memory admin import --scope acme/bench --from ")
+    assert len(key_files(tmp_path / "work" / "store-60" / "keys")) == 60

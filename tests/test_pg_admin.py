@@ -23,6 +23,7 @@ import pytest
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
+from engram_memory.store.crypto import key_files
 from engram_memory.store.engine import Engine
 from tests.conftest import ALL, CONTEXT, REPO, fresh_database
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
@@ -140,7 +141,7 @@ def test_migrate_answers_the_same_searches_with_the_same_scores(tmp_path: Path, 
     assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
     assert key.read_bytes() != (duck / "master.key").read_bytes()  # a new master key, not the DuckDB one
     wrapped = {ref: bytes(blob) for ref, blob in sql(pg_database, "SELECT key_ref, wrapped FROM data_keys")}
-    on_disk = {"local:key-" + p.name: p.read_bytes() for p in (duck / "keys").iterdir()}
+    on_disk = {"local:key-" + p.name: p.read_bytes() for p in key_files(duck / "keys")}
     assert set(wrapped) == set(on_disk) and all(wrapped[r] != on_disk[r] for r in wrapped)  # re-wrapped
     # refused into a store that is initialised now: exit 1, one line, no second key file
     refused(admin(["migrate", "--from", str(duck), "--to", pg_database, "--master-key-out",

@@ -11,7 +11,7 @@ from engram_memory.models.context import HostPolicy
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import KeyStore
+from engram_memory.store.crypto import KeyStore, key_files
 from engram_memory.store.duckdb.backend import Database
 from engram_memory.store.lifecycle import Lifecycle
 from tests.store_fixtures import T0, admission_args, capture_args, ctx, forget_args, withdraw_args
@@ -107,7 +107,7 @@ def test_secret_content_is_rejected_and_unreadable(h: Harness) -> None:
     assert h.state("candidates", "candidate_id", cap["candidate_id"]) == "rejected"
     assert h.db.one("SELECT count(*) FROM records")[0] == 0
     assert b"Sup3rS3cret" not in h.file_bytes()
-    assert list((h.path / "keys").iterdir()) == []
+    assert key_files(h.path / "keys") == []
 
 
 def test_withdraw_destroys_key_and_blocks_admission(h: Harness) -> None:

@@ -14,6 +14,7 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalIndex
 from engram_memory.retrieval.projections import scope_dirname
 from engram_memory.store.backend import StoreBusyError
+from engram_memory.store.crypto import key_file
 from engram_memory.store.engine import Engine
 from engram_memory.store.rebuild import NoStoreError
 from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
@@ -104,7 +105,7 @@ def test_deleted_key_file_is_an_orphan(store, tmp_path: Path) -> None:
     con = duckdb.connect(str(data / "engram.duckdb"), read_only=True)
     key_ref = con.execute("SELECT key_ref FROM records WHERE key_ref IS NOT NULL LIMIT 1").fetchone()[0]
     con.close()
-    os.unlink(data / "keys" / key_ref.removeprefix("local:key-"))
+    os.unlink(key_file(data / "keys", key_ref))
     report = verify_store(data)
     assert not report.ok and report.code is None
     assert any("without their key file" in p for p in report.problems)
@@ -112,7 +113,9 @@ def test_deleted_key_file_is_an_orphan(store, tmp_path: Path) -> None:
 
 def test_unreferenced_key_file_and_stray_rows_are_reported(store, tmp_path: Path) -> None:
     data = copy(store, tmp_path)
-    (data / "keys" / ("ab" * 12)).write_bytes(b"\0" * 60)
+    path = key_file(data / "keys", "ab" * 12)
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(b"\0" * 60)
     con = duckdb.connect(str(data / "engram.duckdb"))
     # A record whose candidate is gone, and an embedding of a forgotten record.
     con.execute("DELETE FROM candidates WHERE state = 'accepted' AND candidate_id = "

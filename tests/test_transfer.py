@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from engram_memory.models.settings import EngineSettings
+from engram_memory.store.crypto import key_files
 from engram_memory.store.engine import Engine
 from tests.conftest import DUCKDB, Backend, store_backend
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args, sha, withdraw_args
@@ -148,7 +149,7 @@ def test_export_then_import_into_an_empty_store_answers_the_same_searches(
     assert all(set(r) == {"record_id", "state", "record_digest", "payload_digest", "recorded_at",
                           "recorded_cursor", "evidence_digest", "payload"} for r in records)
     if backend.store is None:
-        for key_file in (source / "master.key", *(source / "keys").glob("*")):
+        for key_file in (source / "master.key", *key_files(source / "keys")):
             secret = key_file.read_bytes()
             assert secret.hex() not in text and secret not in text.encode()
 

@@ -108,6 +108,9 @@ class Database:
         self._reader_cons: list[duckdb.DuckDBPyConnection] = []  # closed with the database
         self._reader_lock = threading.Lock()
 
+    def bound_memory(self, mib: int) -> None:
+        self.con.execute(f"SET memory_limit = '{int(mib)}MB'")
+
     def key_ring(self) -> KeyRing:
         from engram_memory.store.crypto import KeyStore  # key files beside the database
 

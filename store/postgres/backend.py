@@ -272,6 +272,9 @@ class PostgresStore:
             finally:
                 conn.execute("RESET lock_timeout")
 
+    def bound_memory(self, mib: int) -> None:
+        return None  # the cache is the PostgreSQL server's
+
     def key_ring(self) -> KeyRing:
         return PostgresKeyRing(self)
 

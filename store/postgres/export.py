@@ -18,7 +18,8 @@ from pathlib import Path
 import duckdb
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.crypto import wrap
+from engram_memory.store import crypto
+from engram_memory.store.crypto import KEYS_DIR, wrap
 from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.duckdb.schema import REWRITE_PENDING
 from engram_memory.store.duckdb.schema import migrate as duckdb_schema
@@ -55,10 +56,12 @@ def export_store(url: str, master_key: bytes, key_file: Path, data_dir: Path) ->
         master = secrets.token_bytes(32)
         _private(data_dir / "master.key", master)
         _private(data_dir / "server.key", page_cursor_key)
-        (data_dir / "keys").mkdir(mode=0o700)
+        (data_dir / KEYS_DIR).mkdir(mode=0o700)
         wrapper = AESGCM(master)
         for key_ref, dek in deks.items():
-            _private(data_dir / "keys" / key_ref.removeprefix("local:key-"), wrap(wrapper, key_ref, dek))
+            path = crypto.key_file(data_dir / KEYS_DIR, key_ref)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            _private(path, wrap(wrapper, key_ref, dek))
         con = duckdb.connect(str(data_dir / STORE_FILE))
         try:
             duckdb_schema(con)

@@ -33,7 +33,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.store.backend import RECORD_COLUMNS, StoreBusyError, StoreRefused
-from engram_memory.store.crypto import finish_rotation, unwrap, wrap
+from engram_memory.store.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
 from engram_memory.store.duckdb.backend import STORE_FILE, held_if_present
 from engram_memory.store.duckdb.schema import MIGRATIONS as DUCKDB_MIGRATIONS
 from engram_memory.store.postgres.backend import SECRET_REF, connect_pool, fingerprint
@@ -160,17 +160,20 @@ def _copy(data_dir: Path, source: duckdb.DuckDBPyConnection, url: str, master_ke
     referenced = sorted({r[0] for r in source.execute(
         "SELECT key_ref FROM candidates WHERE key_ref IS NOT NULL"
         " UNION SELECT key_ref FROM records WHERE key_ref IS NOT NULL").fetchall()})
-    keys_dir = data_dir / "keys"
+    keys_dir = data_dir / KEYS_DIR
     rewrapped = []
     for key_ref in referenced:
         try:
-            dek = unwrap(old_master, key_ref, (keys_dir / key_ref.removeprefix("local:key-")).read_bytes())
+            path = find_key_file(keys_dir, key_ref)
+            if path is None:
+                raise FileNotFoundError(key_ref)
+            dek = unwrap(old_master, key_ref, path.read_bytes())
         except (OSError, InvalidTag):
             raise MigrateUsageError(f"the data key {key_ref} of the store at {data_dir} is missing or does not"
                                     " open (run: engram-memory admin verify)") from None
         rewrapped.append((key_ref, wrap(new_master, key_ref, dek)))
-    on_disk = {p.name for p in keys_dir.iterdir() if not p.name.endswith(".tmp")} if keys_dir.is_dir() else set()
-    unreferenced = len(on_disk - {r.removeprefix("local:key-") for r in referenced})
+    on_disk = {p.name for p in key_files(keys_dir)}
+    unreferenced = len(on_disk - {key_name(r) for r in referenced})
     store_id = _meta(source, "store_id") or "store_" + secrets.token_hex(16)
     epoch = _meta(source, "storage_epoch") or "0"
     report = MigrateReport(store_id, epoch, data_keys=len(rewrapped), unreferenced_keys=unreferenced)
