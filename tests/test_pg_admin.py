@@ -152,6 +152,9 @@ def test_migrate_answers_the_same_searches_with_the_same_scores(tmp_path: Path, 
     assert checked["ok"] is True and checked["scopes_checked"] == [SCOPE] and checked["key_files"] == 5
     assert ok_json(["history", *pg(pg_database, None), "--scope", SCOPE]) == duck_history
     assert ok_json(["candidates", *pg(pg_database, key), "--scope", SCOPE]) == duck_candidates
+    # the store's embedding model goes with it (store/embedding_model.py)
+    recorded = sql(pg_database, "SELECT value FROM meta WHERE key = 'embedding_model'")
+    assert recorded and json.loads(recorded[0][0])["model"] == "all-MiniLM-L6-v2"
 
     node = pg_engine(tmp_path / "node", pg_database, key, semantic=True)
     try:

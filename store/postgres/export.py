@@ -19,6 +19,7 @@ import duckdb
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.store import crypto
+from engram_memory.store.backend import EMBEDDING_MODEL_KEY
 from engram_memory.store.crypto import KEYS_DIR, wrap
 from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.duckdb.schema import REWRITE_PENDING
@@ -75,7 +76,8 @@ def export_store(url: str, master_key: bytes, key_file: Path, data_dir: Path) ->
                     con.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
                                 + ", ".join([row_sql] * len(batch)), [value for row in batch for value in row])
                     copied[table] += len(batch)
-            meta = [("store_id", store.meta("store_id")), ("storage_epoch", store.meta("storage_epoch") or "0")]
+            meta = [("store_id", store.meta("store_id")), ("storage_epoch", store.meta("storage_epoch") or "0"),
+                    (EMBEDDING_MODEL_KEY, store.meta(EMBEDDING_MODEL_KEY))]  # the store's model goes with it
             con.executemany("INSERT INTO meta VALUES (?, ?)", [[k, v] for k, v in meta if v is not None])
             con.commit()
             con.execute("CHECKPOINT")

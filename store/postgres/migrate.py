@@ -32,7 +32,7 @@ import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.backend import RECORD_COLUMNS, StoreBusyError, StoreRefused
+from engram_memory.store.backend import EMBEDDING_MODEL_KEY, RECORD_COLUMNS, StoreBusyError, StoreRefused
 from engram_memory.store.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
 from engram_memory.store.duckdb.backend import STORE_FILE, held_if_present
 from engram_memory.store.duckdb.schema import MIGRATIONS as DUCKDB_MIGRATIONS
@@ -200,8 +200,10 @@ def _copy(data_dir: Path, source: duckdb.DuckDBPyConnection, url: str, master_ke
                         for row in rewrapped:
                             copy.write_row(row)
                     secret = wrap(new_master, SECRET_REF, page_cursor_key).hex()
+                    model = _meta(source, EMBEDDING_MODEL_KEY)  # the store's model goes with it
                     cur.executemany("INSERT INTO meta VALUES (%s, %s)",
-                                    [("store_id", store_id), ("storage_epoch", epoch), ("page_cursor_key", secret)])
+                                    [("store_id", store_id), ("storage_epoch", epoch), ("page_cursor_key", secret)]
+                                    + ([(EMBEDDING_MODEL_KEY, model)] if model is not None else []))
                     # Last: the store is initialised only once everything above is in (one commit).
                     cur.execute("INSERT INTO store_identity VALUES (TRUE, %s, %s)",
                                 [fingerprint(master_key), to_instant(wall_clock())])
