@@ -28,7 +28,7 @@ POLICY_ID = "engram-memory:default-admission"
 # in prose in four languages became secrets (store/statements.py), to "4" when the learned screen
 # (store/secret_model.py) joined the rules (issue 36): the version is bound into every
 # admission decision receipt (tests/golden pins them) and into eval store keys.
-POLICY_VERSION = "3"
+POLICY_VERSION = "4"
 
 Decision = Literal["accept", "reject", "adjudication_required"]
 

@@ -268,6 +268,8 @@ HELDOUT_SHA256 = "e9650b291cafeffbcd29f699aef8598e16d7a84a3e78dc7d95c633c77d4237
 HELDOUT2_SHA256 = "ae2add287bc46ebc22aa671015347da6b1f1e0c27183c7b3be7a834e9283b9bd"
 HELDOUT3_SHA256 = "5cbc2010bb41a9f39525811bdcb8bcd5425dff7d902879401945564877fa08ec"
 HELDOUT4_SHA256 = "bf6259512dbc093f04c1dafa33cb204ceca1e85b0bb4ae030594196389b5ac2c"
+# Round 6: the nine blind files concatenated (en de fr es it pt nl ja zh), as hashed before the first run.
+HELDOUT6_SHA256 = "703ae72f19bc220f0e85eb935af21e725a25a0a6502622f6568f70beced76e2a"
 
 
 def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
@@ -278,6 +280,7 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     assert hashlib.sha256(secrets_eval.HELDOUT2.read_bytes()).hexdigest() == HELDOUT2_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT3.read_bytes()).hexdigest() == HELDOUT3_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT4.read_bytes()).hexdigest() == HELDOUT4_SHA256
+    assert hashlib.sha256(secrets_eval.HELDOUT6.read_bytes()).hexdigest() == HELDOUT6_SHA256
 
 
 @pytest.mark.parametrize(("path", "size", "recall", "fpr"), [
