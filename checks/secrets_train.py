@@ -1,7 +1,7 @@
 """``engram-memory train-secrets``: train the learned secrets screen (store/secret_model.py).
 
-    engram-memory train-secrets --data ../shared/data --out store/secret_model/
-    python -m engram_memory.checks.secrets_train --data ../shared/data --out store/secret_model/
+    engram-memory train-secrets --data ../shared/data --out store/secret_model_artefact/
+    python -m engram_memory.checks.secrets_train --data ../shared/data --out store/secret_model_artefact/
 
 Training data: the repository's labelled corpora (checks/secrets/: corpus.jsonl, probes.jsonl,
 frozen.jsonl, heldout*.jsonl -- every round there is development data) plus ordinary prose

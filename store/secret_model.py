@@ -20,8 +20,8 @@ Features (``features``), the same at training (checks/secrets_train.py) and here
 
 A string longer than ``WINDOW`` characters is scored by windows of whole lines (a line longer than
 that by pieces), and its score is the highest window's. Inference is a sum of weights: no
-scikit-learn, no torch, no network. The artefact (``secret_model/weights.npy`` and
-``secret_model/card.json``) is written by ``engram-memory train-secrets``, byte for byte
+scikit-learn, no torch, no network. The artefact (``secret_model_artefact/weights.npy`` and
+``secret_model_artefact/card.json``) is written by ``engram-memory train-secrets``, byte for byte
 reproducible from the repository's labelled corpora.
 """
 
@@ -40,7 +40,7 @@ import numpy as np
 
 __all__ = ["ARTEFACT", "DIM", "SecretModel", "features", "load_model", "windows"]
 
-ARTEFACT = Path(__file__).resolve().parent / "secret_model"
+ARTEFACT = Path(__file__).resolve().parent / "secret_model_artefact"
 DIM_BITS = 17
 DIM = 1 << DIM_BITS  # hashed feature space; the weights are float16 on disk (256 kB)
 WINDOW = 320  # characters scored at once
