@@ -38,7 +38,7 @@ from engram_memory.store import ledger
 from engram_memory.store.authz import authorization_receipt
 from engram_memory.store.backend import KeyRing, NewCandidate, NewRecord, Store, UnitOfWork
 from engram_memory.store.crypto import open_sealed, seal
-from engram_memory.store.policy import DefaultAdmissionPolicy
+from engram_memory.store.policy import DefaultAdmissionPolicy, screen_cache
 from engram_memory.store.timeutil import from_instant, to_instant
 
 ASSERTED_VERIFIER = "engram-memory:asserted"  # this server's name (the reference says graphify-memory)
@@ -422,13 +422,14 @@ class Lifecycle:
         auth_capture = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
         prepared: list[_Prepared] = []
         seen: set[str] = set()
-        for index, item in enumerate(items):
-            key = item.capture["idempotency_key"]
-            if key in seen:
-                outcomes[index].deferred = True
-                continue
-            seen.add(key)
-            prepared.append(self._prepare(ctx, index, item, now, recorded_at, auth_capture))
+        with screen_cache():  # this batch's repeated field names and constants screened once
+            for index, item in enumerate(items):
+                key = item.capture["idempotency_key"]
+                if key in seen:
+                    outcomes[index].deferred = True
+                    continue
+                seen.add(key)
+                prepared.append(self._prepare(ctx, index, item, now, recorded_at, auth_capture))
         with self.db.transaction() as uow:
             digests = [d for p in prepared for d in (p.capture_kd, p.admit_kd)]
             known = uow.ledger_lookup_many(ctx.scope_ref, ctx.principal, digests) if digests else {}

@@ -13,9 +13,10 @@ envelope is dropped with its key, and no record id is ever minted for it.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from itertools import chain
 from typing import Any, Literal
 
@@ -45,10 +46,23 @@ def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterator[str]:
 
 
 # The screen is a pure function of the text, and most strings of a candidate are field names and
-# constants every candidate repeats ("citations", "make-ineligible", a purpose_ref): those short
-# strings are screened once per process (an import screens ~45 strings an item, ~3 of them new).
+# constants every candidate repeats ("citations", "make-ineligible", a purpose_ref): an import screens
+# ~45 strings an item, ~3 of them new. Its batches screen short strings once (``screen_cache()``).
+# The cache lives for one batch only: one kept by the process would answer a string another tenant
+# sent sooner than a new one (a timing channel across tenants) and hold agent-written text in memory
+# after it was forgotten.
 SCREEN_CACHED_CHARS = 256
-_screen_short = functools.lru_cache(maxsize=16384)(find_secret)
+_batch_cache: ContextVar[dict[str, str | None] | None] = ContextVar("engram_screen_cache", default=None)
+
+
+@contextmanager
+def screen_cache() -> Iterator[None]:
+    """Within the block, a short string is screened once (an import batch of one operator's file)."""
+    token = _batch_cache.set({})
+    try:
+        yield
+    finally:
+        _batch_cache.reset(token)
 
 
 # A digest field's value (``sha256:`` and 64 hex digits) never matches (see above): not screened
@@ -59,7 +73,12 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 def _screen(text: str) -> str | None:
     if len(text) == 71 and _DIGEST.fullmatch(text):
         return None
-    return _screen_short(text) if len(text) <= SCREEN_CACHED_CHARS else find_secret(text)
+    cache = _batch_cache.get()
+    if cache is None or len(text) > SCREEN_CACHED_CHARS:
+        return find_secret(text)
+    if text not in cache:
+        cache[text] = find_secret(text)
+    return cache[text]
 
 
 def secret_kind(payload: dict[str, Any], evidence: dict[str, Any]) -> str | None:

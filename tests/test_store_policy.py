@@ -43,3 +43,20 @@ def test_secret_like_content_is_detected(text: str) -> None:
 @pytest.mark.parametrize("text", PROSE)
 def test_ordinary_prose_is_not_flagged(text: str) -> None:
     assert not contains_secret([text])
+
+
+def test_the_screen_keeps_no_strings_beyond_an_import_batch() -> None:
+    """A process-wide cache of screened strings would answer a string another tenant sent sooner than a
+    new one (a timing channel across tenants) and keep agent text in memory after forget: only a batch
+    of one import caches, and only for the batch."""
+    from engram_memory.store import policy
+
+    payload = {"components": [{"text": "the lift pass costs 40 euros"}]}
+    assert policy.secret_kind(payload, {}) is None
+    assert policy._batch_cache.get() is None
+    with policy.screen_cache():
+        assert policy.secret_kind(payload, {}) is None
+        held = policy._batch_cache.get()
+        assert held is not None and "the lift pass costs 40 euros" in held
+    assert policy._batch_cache.get() is None
+    assert not hasattr(policy, "_screen_short")
