@@ -51,12 +51,12 @@ def test_the_screen_keeps_no_strings_beyond_an_import_batch() -> None:
     of one import caches, and only for the batch."""
     from engram_memory.store import policy
 
-    payload = {"components": [{"text": "the lift pass costs 40 euros"}]}
+    payload = {"components": [{"text": "we moved the standup to ten on Mondays"}]}
     assert policy.secret_kind(payload, {}) is None
     assert policy._batch_cache.get() is None
     with policy.screen_cache():
         assert policy.secret_kind(payload, {}) is None
         held = policy._batch_cache.get()
-        assert held is not None and "the lift pass costs 40 euros" in held
+        assert held is not None and "we moved the standup to ten on Mondays" in held
     assert policy._batch_cache.get() is None
     assert not hasattr(policy, "_screen_short")
