@@ -5,7 +5,8 @@ Its value is JSON: the model's name (``{"model": "multilingual-e5-small"}``) or 
 ``model_digest``. A command that opens the engine without naming a model uses the store's; one that
 names another is refused in one line (exit 2), since the store's vectors are that model's: only
 ``rebuild-index --model X`` switches a store (it re-embeds every record, and records the new model).
-A store of an older version, which recorded nothing, records the model it is next opened with.
+A store of an older version, which recorded nothing, records the model it is next opened with when it
+holds no vectors yet or the command names the model; otherwise the default serves without being recorded.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def adopt(settings: EngineSettings, db: Store, *, switch: bool = False) -> Engin
     recorded = _recorded(db)
     if recorded is None or (switch and given and not _same(given, recorded)):
         chosen = given or {"model": DEFAULT_MODEL}
-        if settings.semantic or recorded is not None:
+        # An older store that recorded nothing but holds vectors records a model only when one is
+        # named: the default guessed for an e5 store opened once without --model would stick.
+        guessed = recorded is None and not given and db.embedding_count() > 0
+        if (settings.semantic or recorded is not None) and not guessed:
             db.record_embedding_model(json.dumps(chosen, sort_keys=True))
     elif given and not _same(given, recorded):
         where = settings.store and "the PostgreSQL store" or f"the store in {settings.data_dir}"

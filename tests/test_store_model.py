@@ -61,3 +61,32 @@ def test_a_store_without_a_record_records_the_model_it_is_opened_with(tmp_path: 
         assert json.loads(engine.db.embedding_model() or "{}")["model"] == DEFAULT_MODEL
     finally:
         engine.close()
+
+
+def test_an_older_store_with_vectors_records_only_a_named_model(tmp_path: Path) -> None:
+    """An older store holding vectors but no record: opened without --model it is served by the default
+    and records nothing (it may be another model's store); opened with a model named, it records it."""
+    import duckdb
+
+    from tests.store_fixtures import admit_texts
+
+    engine = Engine.open(EngineSettings(data_dir=tmp_path))
+    try:
+        assert engine.wait_semantic(300)
+        admit_texts(engine, ["the release freezes schema changes on Fridays"], settle_each=True)
+        assert engine.db.embedding_count() > 0
+    finally:
+        engine.close()
+    with duckdb.connect(str(tmp_path / "engram.duckdb")) as con:  # as an older version left it
+        con.execute("DELETE FROM meta WHERE key = 'embedding_model'")
+    engine = Engine.open(EngineSettings(data_dir=tmp_path))
+    try:
+        assert engine.wait_semantic(300)
+        assert engine.db.embedding_model() is None
+    finally:
+        engine.close()
+    engine = Engine.open(EngineSettings(data_dir=tmp_path, model=DEFAULT_MODEL))
+    try:
+        assert json.loads(engine.db.embedding_model() or "{}")["model"] == DEFAULT_MODEL
+    finally:
+        engine.close()
