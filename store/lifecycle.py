@@ -169,6 +169,20 @@ class _Prepared:
         }
 
 
+
+def asserted_trust(evidence_digest: str, payload_digest: str, issued_at: str) -> dict[str, Any]:
+    """The trust receipt of a capture: the host asserted the evidence (no verifier checked it)."""
+    trust: dict[str, Any] = {
+        "class": "asserted",
+        "evidence_digest": evidence_digest,
+        "verifier_id": ASSERTED_VERIFIER,
+        "verifier_version": "1",
+        "issued_at": issued_at,
+        "revocation_epoch": "0",
+    }
+    trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": payload_digest})
+    return trust
+
 class Lifecycle:
     def __init__(self, db: Store, keys: KeyRing, policy: HostPolicy) -> None:
         self.db = db
@@ -226,15 +240,7 @@ class Lifecycle:
             recorded_at = to_instant(now)
             pd = payload_digest(payload)
             auth = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
-            trust = {
-                "class": "asserted",
-                "evidence_digest": evidence["evidence_digest"],
-                "verifier_id": ASSERTED_VERIFIER,
-                "verifier_version": "1",
-                "issued_at": recorded_at,
-                "revocation_epoch": "0",
-            }
-            trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": pd})
+            trust = asserted_trust(evidence["evidence_digest"], pd, recorded_at)
             key_ref, dek = self.keys.create()
             cursor = uow.high_water(ctx.scope_ref) + 1
             record = self._build_record(payload, pd, recorded_at, cursor, auth, trust)
@@ -327,30 +333,10 @@ class Lifecycle:
             if decision == "accept" and uow.tombstoned(ctx.scope_ref, record["payload_digest"]):
                 decision = "adjudication_required"  # forgotten content is never silently re-admitted
             issued_at = to_instant(now)
-            envelope = {
-                "policy_id": self.admission_policy.policy_id,
-                "policy_version": self.admission_policy.policy_version,
-                "record_digest": record["record_digest"],
-                "decision": decision,
-                "issued_at": issued_at,
-            }
-            envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
+            envelope = self._decision_envelope(record["record_digest"], decision, issued_at)
             decision_digest = envelope["receipt_digest"]
             if decision == "adjudication_required":
-                pending_cursor = str(created_cursor)
-                pending_value = {
-                    "outcome": {
-                        "status": "pending_adjudication",
-                        "candidate_id": cid,
-                        "cursor": pending_cursor,
-                        "decision_receipt_digest": decision_digest,
-                        "transaction_receipt_digest": receipt_digest(
-                            "admission-pending",
-                            {"candidate_id": cid, "cursor": pending_cursor, "decision_receipt_digest": decision_digest},
-                        ),
-                    },
-                    "replayed": False,
-                }
+                pending_value = self._pending_value(cid, str(created_cursor), decision_digest)
                 # No state changes, but the answer is bound to the key like any other: a same-key
                 # retry replays this decision receipt instead of issuing a new one.
                 ledger.store(uow, ctx, key, "request_admission", intent, pending_value, issued_at)
@@ -451,7 +437,7 @@ class Lifecycle:
             for p in todo:
                 cursor += 1
                 p.finish_capture(cursor, recorded_at, auth_capture)
-                p.decision_envelope = self._decision_envelope(p, issued_at)
+                p.decision_envelope = self._decision_envelope(p.record["record_digest"], p.decision, issued_at)
                 p.decision_digest = p.decision_envelope["receipt_digest"]
                 events.append((p.capture_event, False))
                 if p.decision != "adjudication_required":
@@ -533,15 +519,7 @@ class Lifecycle:
             return p
         evidence = args["evidence"]
         p.pd = payload_digest(payload)
-        trust = {
-            "class": "asserted",
-            "evidence_digest": evidence["evidence_digest"],
-            "verifier_id": ASSERTED_VERIFIER,
-            "verifier_version": "1",
-            "issued_at": recorded_at,
-            "revocation_epoch": "0",
-        }
-        trust["receipt_digest"] = receipt_digest("asserted-trust", {**trust, "payload_digest": p.pd})
+        trust = asserted_trust(evidence["evidence_digest"], p.pd, recorded_at)
         p.envelope = canonical_bytes({"schema_version": 1, "payload": payload, "evidence": evidence,
                                       "authorization_receipt_digest": auth, "trust": trust,
                                       "recorded_at": recorded_at})
@@ -551,12 +529,13 @@ class Lifecycle:
         p.decision = self.admission_policy.decide(env["payload"], env["evidence"])
         return p
 
-    def _decision_envelope(self, p: _Prepared, issued_at: str) -> dict[str, Any]:
+    def _decision_envelope(self, record_digest: str, decision: str, issued_at: str) -> dict[str, Any]:
+        """The admission decision receipt (one request_admission's, or one item's of a batch)."""
         envelope: dict[str, Any] = {
             "policy_id": self.admission_policy.policy_id,
             "policy_version": self.admission_policy.policy_version,
-            "record_digest": p.record["record_digest"],
-            "decision": p.decision,
+            "record_digest": record_digest,
+            "decision": decision,
             "issued_at": issued_at,
         }
         envelope["receipt_digest"] = receipt_digest("admission-decision", envelope)
