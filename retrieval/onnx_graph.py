@@ -39,7 +39,12 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT = "last_hidden_state"
 # Bumped whenever the graph this module writes changes, so a cached graph of an older builder is
 # rebuilt (retrieval/onnx_runtime.py keys its cache on the model digest and this).
-BUILDER_VERSION = "bert-graph/1"
+BUILDER_VERSION = "bert-graph/2"  # 2: weights in a file beside the graph (ONNX external data)
+# The weights go to this file beside the graph as ONNX external data: the graph stays small, and
+# the 90 MB (MiniLM) to 470 MB (e5) of weights are written straight from numpy, never copied into a
+# protobuf message and serialised (a second of a first launch). Small constants stay inline.
+DATA_FILE = "model.onnx.data"
+EXTERNAL_MIN_BYTES = 1024
 WEIGHTS_FILE = "model.safetensors"
 _ARCHITECTURES = {"bert", "xlm-roberta", "roberta"}
 _GELU = {"gelu", "gelu_python"}  # the exact (erf) GELU; "gelu_new" is the tanh approximation
@@ -119,6 +124,8 @@ class _Graph:
         # each tensor's bytes once more (90 MB for MiniLM, a second of a first launch).
         self.model = onnx_proto.message("ModelProto")()
         self.graph = self.model.graph
+        self.data: list[bytes] = []  # DATA_FILE's contents, in order
+        self._data_size = 0
         self._count = 0
 
     def weight(self, name: str, transpose: bool = False) -> str:
@@ -133,9 +140,16 @@ class _Graph:
     def constant(self, value: np.ndarray, name: str | None = None) -> str:
         name = name or self._fresh("const")
         kinds = {np.dtype(np.float32): onnx_proto.FLOAT, np.dtype(np.int64): onnx_proto.INT64}
-        self.graph.initializer.add(
-            name=name, dims=list(value.shape), data_type=kinds[value.dtype],
-            raw_data=np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False).tobytes())
+        raw = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
+        tensor = self.graph.initializer.add(name=name, dims=list(value.shape), data_type=kinds[value.dtype])
+        if len(raw) < EXTERNAL_MIN_BYTES:
+            tensor.raw_data = raw
+            return name
+        tensor.data_location = onnx_proto.EXTERNAL
+        for key, text in (("location", DATA_FILE), ("offset", str(self._data_size)), ("length", str(len(raw)))):
+            tensor.external_data.add(key=key, value=text)
+        self.data.append(raw)
+        self._data_size += len(raw)
         return name
 
     def op(self, kind: str, *inputs: str, **attrs: Any) -> str:
@@ -226,8 +240,16 @@ def _feed_forward(g: _Graph, x: str, prefix: str, shape: BertShape) -> str:
     return _layer_norm(g, g.op("Add", out, x), f"{prefix}.output.LayerNorm", shape.eps)
 
 
-def build(model_dir: Path) -> bytes:
-    """The serialized ONNX model of ``model_dir``'s encoder. Raises ``GraphUnsupported``."""
+@dataclass(frozen=True)
+class Built:
+    """An assembled graph: the serialized model and the contents of its ``DATA_FILE``, in order."""
+
+    model: bytes
+    data: list[bytes]
+
+
+def build(model_dir: Path) -> Built:
+    """The ONNX model of ``model_dir``'s encoder. Raises ``GraphUnsupported``."""
     try:
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -251,8 +273,8 @@ def _value_info(name: str, elem_type: int, dims: list[str | int]) -> Any:
     return info
 
 
-def assemble(shape: BertShape, weights: Mapping[str, np.ndarray]) -> bytes:
-    """The serialized graph for ``shape`` with ``weights`` (checkpoint names without prefix)."""
+def assemble(shape: BertShape, weights: Mapping[str, np.ndarray]) -> Built:
+    """The graph for ``shape`` with ``weights`` (checkpoint names without prefix)."""
     g = _Graph(weights)
     hidden = _embeddings(g, shape)
     bias = _mask_bias(g)
@@ -267,4 +289,4 @@ def assemble(shape: BertShape, weights: Mapping[str, np.ndarray]) -> bytes:
     graph.output.append(_value_info(OUTPUT, onnx_proto.FLOAT, ["batch", "sequence", shape.hidden]))
     model.ir_version, model.producer_name, model.producer_version = IR_VERSION, "engram-memory", BUILDER_VERSION
     model.opset_import.add(domain="", version=OPSET)
-    return bytes(model.SerializeToString())
+    return Built(bytes(model.SerializeToString()), g.data)

@@ -13,8 +13,9 @@ but the semantic channel alone loses 0.0073 on Cranfield and int8 kernels differ
 
 The graph cache lives outside the data dir (one per user, shared by every store):
 ``$ENGRAM_MODEL_CACHE``, else ``$XDG_CACHE_HOME/engram-memory/models``, else
-``~/.cache/engram-memory/models``; one folder per model digest with ``model.onnx`` and a
-manifest naming its SHA-256 and the builder that wrote it. A missing, partial or corrupt file, or one
+``~/.cache/engram-memory/models``; one folder per model digest with ``model.onnx`` (the graph),
+``model.onnx.data`` (its weights, ONNX external data) and a manifest naming both files' SHA-256 and
+the builder that wrote them. A missing, partial or corrupt file, or one
 an older builder wrote, is assembled again.
 """
 
@@ -110,12 +111,13 @@ def locked(folder: Path, name: str = ".lock") -> Iterator[None]:
 
 
 def _valid(folder: Path, model_digest: str) -> bool:
-    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION
+    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION, DATA_FILE
 
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         return (manifest.get("model_digest") == model_digest and manifest.get("builder") == BUILDER_VERSION
-                and manifest.get("onnx_sha256") == _sha256(folder / ONNX_FILE))
+                and manifest.get("onnx_sha256") == _sha256(folder / ONNX_FILE)
+                and manifest.get("data_sha256") == _sha256(folder / DATA_FILE))
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -124,7 +126,7 @@ def ensure_onnx(model_dir: Path, model_digest: str, root: Path | None = None) ->
     """The graph of ``model_dir``'s encoder (assembled now if the cache lacks a valid one).
 
     Raises ``OnnxUnavailable`` naming what the builder cannot express."""
-    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION, GraphUnsupported, build
+    from engram_memory.retrieval.onnx_graph import BUILDER_VERSION, DATA_FILE, GraphUnsupported, build
 
     folder = (root or cache_root()) / model_digest.removeprefix("sha256:")[:32]
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -136,10 +138,20 @@ def ensure_onnx(model_dir: Path, model_digest: str, root: Path | None = None) ->
             graph = build(model_dir)
         except GraphUnsupported as exc:
             raise OnnxUnavailable(str(exc)) from None
+        # The weights file first, then the graph that names it; the manifest, written last, vouches
+        # for both (a torn write is rebuilt at the next launch).
+        data_hash = hashlib.sha256()
+        tmp = folder / (DATA_FILE + ".tmp")
+        with tmp.open("wb") as fh:
+            for chunk in graph.data:
+                data_hash.update(chunk)
+                fh.write(chunk)
+        os.replace(tmp, folder / DATA_FILE)
         tmp = folder / (ONNX_FILE + ".tmp")
-        tmp.write_bytes(graph)
+        tmp.write_bytes(graph.model)
         manifest = {"model_digest": model_digest, "builder": BUILDER_VERSION,
-                    "onnx_sha256": "sha256:" + hashlib.sha256(graph).hexdigest(), "precision": PRECISION}
+                    "onnx_sha256": "sha256:" + hashlib.sha256(graph.model).hexdigest(),
+                    "data_sha256": "sha256:" + data_hash.hexdigest(), "precision": PRECISION}
         del graph
         os.replace(tmp, folder / ONNX_FILE)
         (folder / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1), encoding="utf-8")

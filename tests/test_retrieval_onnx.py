@@ -171,9 +171,14 @@ def test_the_graph_is_valid_onnx_written_with_onnx_s_own_schema(tmp_path: Path) 
     assert SCHEMA.read_bytes() == onnx.onnx_ml_pb2.DESCRIPTOR.serialized_pb
     model = packaged_model_path()
     assert model is not None
+    from engram_memory.retrieval.onnx_graph import DATA_FILE
+
+    built = build(model)
     path = tmp_path / "model.onnx"
-    path.write_bytes(build(model))
+    path.write_bytes(built.model)
+    (tmp_path / DATA_FILE).write_bytes(b"".join(built.data))  # the weights, as ONNX external data
     onnx.checker.check_model(str(path), full_check=True)
-    loaded = onnx.load(str(path))
+    loaded = onnx.load(str(path))  # reads the external data back
+    assert sum(t.ByteSize() for t in loaded.graph.initializer) > 90_000_000
     assert [i.name for i in loaded.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert loaded.opset_import[0].version == 17
