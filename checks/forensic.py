@@ -10,8 +10,8 @@ Two views, both reading only what is under the data directory:
   whose data key survives is readable, sealed or not.
 
 Needles (``content_needles``) are the content's text, each distinctive token and its stemmed
-form as the lexical index stores it, and the float32 vector bytes (as embedded and unit-normalised
-as the vector index stores them).
+form as the lexical index stores it (its language's analyzer), and the float32 vector bytes (as
+embedded and unit-normalised as the vector index stores them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from engram_memory.retrieval.languages import identify
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.retrieval.vectors import normalize_rows
 from engram_memory.store.crypto import KEYS_DIR, KeyStore, key_files, open_sealed
@@ -36,10 +37,14 @@ def content_needles(label: str, text: str, tokens: Iterable[str] = (),
                     vector: np.ndarray | None = None) -> dict[str, bytes]:
     """``{name: bytes}`` to look for: the text, each token raw and stemmed, the vector's bytes."""
     needles = {f"{label}:text": text.encode("utf-8")}
+    # Stemmed as the lexical index stores the record: by the text's own language's analyzer (and by
+    # English's, the analysis of an older index).
+    codes = sorted({identify(text), "en"})
     for token in tokens:
         needles[f"{label}:token:{token}"] = token.encode("utf-8")
-        for stem in query_terms(token):
-            needles[f"{label}:stem:{stem}"] = stem.encode("utf-8")
+        for code in codes:
+            for stem in query_terms(token, code=code):
+                needles[f"{label}:stem:{stem}"] = stem.encode("utf-8")
     if vector is not None:
         row = np.asarray(vector, dtype="<f4").reshape(1, -1)
         needles[f"{label}:vector"] = row.tobytes()

@@ -490,3 +490,15 @@ def test_a_store_from_before_the_digest_is_rewritten_without_its_event_types(tmp
         engine.close()
     assert traces(data, {"type": old_type}) == {}
     assert not (data / "engram.duckdb.rewrite").exists()
+
+
+def test_needles_are_stemmed_as_the_records_language_is_indexed() -> None:
+    """A German record's lexical fields hold German stems: the scan looks for those, not English ones."""
+    from engram_memory.checks.forensic import content_needles
+    from engram_memory.retrieval.lexical import query_terms
+
+    text = "Die Entwickler veröffentlichten die neuen Versionen ihrer Anwendungen gestern Abend in Hamburg."
+    needles = content_needles("de", text, ["Anwendungen"])
+    german = query_terms("Anwendungen", code="de")
+    assert german == ["anwend"] and "anwend" not in query_terms("Anwendungen", code="en")
+    assert needles["de:stem:anwend"] == b"anwend"
