@@ -160,13 +160,13 @@ def _valueish(token: str) -> str | None:
 
 
 def _named(words: list[str]) -> np.ndarray:
-    return np.fromiter((crc32(w.encode("utf-8")) for w in words), dtype=np.uint64, count=len(words))
+    return np.fromiter((crc32(w.encode("utf-8", "surrogatepass")) for w in words), dtype=np.uint64, count=len(words))
 
 
 def features(text: str, where: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(indices, values) of one window's features in the hashed space of DIM."""
     low = text.lower()
-    data = np.frombuffer(low.encode("utf-8"), dtype=np.uint8).astype(np.uint64)
+    data = np.frombuffer(low.encode("utf-8", "surrogatepass"), dtype=np.uint8).astype(np.uint64)
     grams: list[np.ndarray] = []
     h = data + np.uint64(1)
     for n in range(2, max(NGRAMS) + 1):

@@ -115,3 +115,13 @@ def test_training_reproduces_its_artefact_byte_for_byte(tmp_path: Path) -> None:
     for file in ("weights.npy", "card.json"):
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
     assert load_model.__wrapped__(tmp_path / "a") is not None
+
+
+def test_a_lone_surrogate_is_screened_not_a_crash() -> None:
+    """Text decoded from JSON may hold an unpaired surrogate (an import's graph file did): the learned
+    screen reads it as bytes like any other (the rules already did)."""
+    for text in ("entity \ud800 one", "\udfff", "password: Zx\ud83d-hunter7!"):
+        features(text)
+        find_secret(text)  # no UnicodeEncodeError
+    model = load_model()
+    assert model is not None and not model.fires("the \ud800 release ships on Friday")
