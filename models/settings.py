@@ -39,6 +39,10 @@ def store_pair_problem(store: str | None, master_key_file: object) -> str | None
     return None
 
 
+# A DuckDB store's file inside its data dir (store/duckdb/backend.py; a launch checks for it).
+DUCKDB_STORE_FILE = "engram.duckdb"
+
+
 def default_data_dir() -> Path:
     """``$XDG_DATA_HOME/engram-memory``, or ``~/.local/share/engram-memory``."""
     xdg = os.environ.get("XDG_DATA_HOME", "")

@@ -147,6 +147,7 @@ def serve(
     reason = None if cfg.http else cfg.disabled_reason()
     if reason:
         logging.getLogger("engram_memory.server").warning("memory disabled: %s", reason)
+    cfg.prestart_model()
 
     # Imported here so `--help` and config errors stay fast (the store pulls in DuckDB).
     import anyio

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import tomllib
 import types
 from collections.abc import Iterator, Mapping
@@ -35,7 +36,7 @@ from pydantic_settings import (
 from engram_memory.models.canonical import CanonicalizationError, nfc, utf8_len
 from engram_memory.models.context import ALL_TOOLS, CONFIRMABLE, HostContext
 from engram_memory.models.limits import CONFIRM_TTL_S, DAY_MS, OPAQUE_MAX_BYTES
-from engram_memory.models.settings import DEFAULT_MODEL, EngineSettings, default_data_dir
+from engram_memory.models.settings import DEFAULT_MODEL, DUCKDB_STORE_FILE, EngineSettings, default_data_dir
 
 __all__ = [
     "CONTEXT_KEYS",
@@ -271,6 +272,28 @@ class ServeSettings(BaseSettings, EngineSettings):
                 pass
         except OSError as exc:
             raise ConfigError(f"data_dir {data_dir} is not usable: {exc.strerror or exc}") from None
+
+    def prestarts_model(self) -> bool:
+        """Does the launch load the packaged model before opening the store (``prestart_model``)?"""
+        return bool(self.semantic and self.embedder_runtime == "onnx" and self.model_path is None
+                    and self.model in (None, DEFAULT_MODEL) and self.store is None
+                    and (self.http or self.memory_enabled)
+                    and not (Path(self.data_dir) / DUCKDB_STORE_FILE).exists())
+
+    def prestart_model(self) -> None:
+        """Begin loading the packaged model in the background while the launch imports the MCP SDK
+        and opens the store (about a second sooner ready on a first launch; the engine takes the
+        same shared embedder). Only for a store not created yet: an existing one may remember
+        another model (store/embedding_model.py), and a named model was loaded by ``preflight``."""
+        if not self.prestarts_model():
+            return
+
+        def start() -> None:
+            from engram_memory.retrieval.embedder import shared_embedder
+
+            shared_embedder(None, self.encode_threads, self.embedder_runtime)
+
+        threading.Thread(target=start, name="engram-model-prestart", daemon=True).start()
 
     def disabled_reason(self) -> str | None:
         """Why memory is off, for the operator's log (None when it is on)."""

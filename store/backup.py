@@ -47,6 +47,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.canonical import canonical_bytes
+from engram_memory.models.settings import DUCKDB_STORE_FILE
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
 from engram_memory.store.crypto import (
@@ -65,7 +66,7 @@ from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminR
 from engram_memory.store.timeutil import to_instant, wall_clock
 
 FORMAT = "engram-memory-backup/1"
-STORE_FILE = "engram.duckdb"  # the DuckDB backend's file (store/duckdb/backend.py)
+STORE_FILE = DUCKDB_STORE_FILE
 MANIFEST, MANIFEST_MAC = "manifest.json", "manifest.mac"
 SERVER_KEY_MEMBER = "server.key.sealed"
 LAST_BACKUP = "last-backup.json"  # beside the store: the last backup's time, file and heads

@@ -61,7 +61,8 @@ def first_serve_command() -> list[str]:
 
 def test_the_setup_commands_are_the_two_the_readme_promises() -> None:
     first, second = (b.strip() for b in blocks("bash")[:2])
-    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install . && engram-memory serve")
+    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install -U pip && pip install . "
+                            "&& engram-memory serve")
     assert second == "bash .ci/run"
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^pip install -q -e '\.\[test,eval[\w,]*\]'$", ci, re.M) and "python -m pytest" in ci, ci

@@ -111,3 +111,18 @@ def test_file_keys_are_closed(tmp_path: Path) -> None:
 def test_purpose_is_nfc_and_not_stripped() -> None:
     cfg = load_config(CTX | {"purpose_ref": " cafe\u0301 "})
     assert cfg.purpose_ref == " caf\u00e9 "
+
+
+def test_only_a_first_launch_of_the_packaged_model_loads_it_before_opening_the_store(tmp_path: Path) -> None:
+    """The model loads while the launch starts up only where it is known before the store is read."""
+    on = CTX | {"tools": "search", "data_dir": str(tmp_path / "new")}
+    assert load_config(on).prestarts_model()  # a store not created yet: the packaged model
+    assert load_config(on | {"model": "all-MiniLM-L6-v2"}).prestarts_model()
+    assert not load_config(on | {"semantic": False}).prestarts_model()
+    assert not load_config(on | {"model_path": str(tmp_path)}).prestarts_model()  # preflight loads it
+    assert not load_config(on | {"model": "multilingual-e5-small"}).prestarts_model()
+    assert not load_config({"data_dir": str(tmp_path / "new")}).prestarts_model()  # memory off
+    existing = tmp_path / "old"
+    existing.mkdir()
+    (existing / "engram.duckdb").write_bytes(b"")  # a store may remember another model
+    assert not load_config(on | {"data_dir": str(existing)}).prestarts_model()

@@ -18,6 +18,7 @@ import duckdb
 
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
+from engram_memory.models.settings import DUCKDB_STORE_FILE
 from engram_memory.store.backend import (
     APPROVAL_COLUMNS,
     EMBEDDING_MODEL_KEY,
@@ -46,7 +47,7 @@ from engram_memory.store.duckdb.schema import migrate, rewrite_if_pending
 
 register_store_errors(duckdb.Error)
 
-STORE_FILE = "engram.duckdb"
+STORE_FILE = DUCKDB_STORE_FILE
 
 AUDIT_INSERT = (
     "INSERT INTO audit (audit_id, called_at, scope_ref, principal, agent_id, session, tool, ok, code, idk,"
@@ -84,12 +85,12 @@ class Database:
         # DuckDB's own (less readable) lock error.
         self._lock_fd = lock_data_dir(data_dir)
         try:
-            self.con = duckdb.connect(str(data_dir / "engram.duckdb"))
+            self.con = duckdb.connect(str(data_dir / STORE_FILE))
         except duckdb.IOException as exc:
             os.close(self._lock_fd)
             raise StoreBusyError(f"data directory {data_dir} is in use by another process") from exc
         # DuckDB creates its files with the process umask: memory is the owner's alone.
-        for name in ("engram.duckdb", "engram.duckdb.wal"):
+        for name in (STORE_FILE, STORE_FILE + ".wal"):
             if (data_dir / name).exists():
                 os.chmod(data_dir / name, 0o600)
         migrate(self.con)
