@@ -76,6 +76,7 @@ class ReadPath:
     server_secret: bytes
     cache: ScopeViews  # holds each cached record's redacted core and its canonical bytes
     rerank: RerankConfig | None = None  # search's second stage (retrieval/rerank.py); None: off
+    channel_depth: int = CHANNEL_DEPTH  # hits taken from each channel; a depth study varies it
 
     def _core(self, record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """The record's redacted packet core (record, redacted_fields, redaction digest) and
@@ -111,11 +112,11 @@ class ReadPath:
         hits: dict[str, list[tuple[str, float]]] = {}
         lexical = None
         if "lexical" in self.channels:
-            lexical = self.projections.lexical(scope).search_analyzed(args["query"], CHANNEL_DEPTH)
+            lexical = self.projections.lexical(scope).search_analyzed(args["query"], self.channel_depth)
             hits["lexical"] = lexical.hits
         query_vector = plan.vector() if semantic else None
         if query_vector is not None:
-            hits["semantic"] = self.projections.vectors(scope).search(query_vector, CHANNEL_DEPTH)
+            hits["semantic"] = self.projections.vectors(scope).search(query_vector, self.channel_depth)
         eligible = view.eligible(set().union(*(map(itemgetter(0), found) for found in hits.values())), valid_as_of, now)
         hits = {name: [h for h in found if h[0] in eligible] for name, found in hits.items()}
         coverage = lexical.coverage if lexical is not None else 1.0
@@ -162,7 +163,7 @@ class ReadPath:
             "profile": profile,
             "profile_version": PROFILE_VERSION,
             "profile_config_digest": profile_config_digest(
-                profile=profile, channel_depth=CHANNEL_DEPTH, lexical=self.projections.lexical_description(),
+                profile=profile, channel_depth=self.channel_depth, lexical=self.projections.lexical_description(),
                 fusion=fusion, channels=self.channels, semantic_receipt=receipts[1],
                 hnsw_threshold=self.projections.hnsw_threshold, foreign_scale=self.fusion.foreign_scale,
             ),
