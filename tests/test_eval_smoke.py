@@ -29,7 +29,7 @@ from engram_memory.eval.cli import bench_cmd, eval_cmd  # noqa: E402
 DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SCIFACT = DATA / "scifact"
 TOLERANCE = 0.02  # hybrid may trail a channel by this much on a small subset
-SMALL_FLOOR = 0.5  # the 60-document slice: each channel's nDCG@10 (measured: see the test)
+SMALL_FLOOR = 0.8  # the 60-document slice: nDCG@10 measured lexical 0.925, semantic 0.982, hybrid 0.950
 
 pytestmark = pytest.mark.skipif(not (SCIFACT / "corpus.jsonl").exists(), reason="BEIR dev collections not present")
 
@@ -67,7 +67,7 @@ def test_eval_small_slice_is_sane_and_deterministic(tmp_path: Path) -> None:
     for ch, scores in r["runs"].items():
         assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
         assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
-    # a loose floor: on 60 documents every channel must find most answers
+    # a floor well under the measured figures: on 60 documents every channel finds most answers
     for ch in ("lexical", "semantic", "hybrid"):
         assert r["runs"][ch]["ndcg@10"] > SMALL_FLOOR, (ch, r["runs"])
     contributed = {ch: [c["channel"] for c in rec["channels"] if c["contributed"]]
