@@ -56,6 +56,7 @@ README = {"medline": 0.671, "cranfield": 0.352, "locomo/locomo-26": 0.447, "loco
 OURS = {"medline": 0.6710, "locomo/locomo-30": 0.5169, "locomo/locomo-42": 0.4737}
 
 
+@pytest.mark.slow  # a minute on 2 cores; the sample run above stays in the default suite
 @pytest.mark.skipif(not (DATA / "medline" / "corpus.jsonl").exists(), reason="development collections not present")
 @pytest.mark.parametrize("name", ["medline", "locomo/locomo-30", "locomo/locomo-42"])
 def test_reproduces_the_readme_figures(name: str) -> None:

@@ -1,8 +1,11 @@
 """CI smoke of ``engram-memory eval`` and ``bench`` through a tiny local typer app.
 
-A 300-document SciFact subset (the judged-first subset keeps only fully judged queries),
-the first 100 of its queries, torch pinned to one thread so a busy 2-core runner does not
-make every query encode spin. Full runs are documented commands (eval/RESULTS.md), not CI.
+The default run: a 60-document SciFact subset (the judged-first subset keeps only fully judged
+queries) and its first 20 queries, run twice (the second reuses the store and must score the same),
+and a bench at one small size. Marked ``slow`` (``python -m pytest -m slow tests/test_eval_smoke.py``):
+the 300-document, 100-query run with the LanceDB peer and the bench at 150 records. Torch is pinned to
+one thread so a busy 2-core runner does not make every query encode spin. Full runs are documented
+commands (eval/RESULTS.md), not CI.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from engram_memory.eval.cli import bench_cmd, eval_cmd  # noqa: E402
 DATA = Path(os.environ.get("ENGRAM_EVAL_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SCIFACT = DATA / "scifact"
 TOLERANCE = 0.02  # hybrid may trail a channel by this much on a small subset
+SMALL_FLOOR = 0.8  # the 60-document slice: nDCG@10 measured lexical 0.925, semantic 0.982, hybrid 0.950
 
 pytestmark = pytest.mark.skipif(not (SCIFACT / "corpus.jsonl").exists(), reason="BEIR dev collections not present")
 
@@ -43,6 +47,45 @@ def _peer_available() -> bool:
     return unavailable() is None
 
 
+def test_eval_small_slice_is_sane_and_deterministic(tmp_path: Path) -> None:
+    """The default run's eval: every channel on 60 documents, then again from the reused store."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["eval", "--dataset", str(SCIFACT), "--out", str(out), "--limit-docs", "60", "--max-queries", "20",
+            "--cache-dir", str(cache), "--threads", "1", "--no-latency", "--no-progress"]
+    result = CliRunner().invoke(_app(), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for name in ("results.json", "report.md", "report.png"):
+        assert (out / name).stat().st_size > 0, name
+    for ch in ("lexical", "semantic", "hybrid"):
+        trec = (out / "runs" / f"scifact.{ch}.trec").read_text().splitlines()
+        assert trec and len(trec[0].split()) == 6
+    r = json.loads((out / "results.json").read_text())
+    assert r["dataset"] == "scifact" and r["docs"] == 60 and r["queries"] == 20
+    assert r["admitted"] + len(r["rejected"]) == 60
+    assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert set(r["runs"]) == {"baseline", "lexical", "semantic", "hybrid"}
+    for ch, scores in r["runs"].items():
+        assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
+        assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
+    # a floor well under the measured figures: on 60 documents every channel finds most answers
+    for ch in ("lexical", "semantic", "hybrid"):
+        assert r["runs"][ch]["ndcg@10"] > SMALL_FLOOR, (ch, r["runs"])
+    contributed = {ch: [c["channel"] for c in rec["channels"] if c["contributed"]]
+                   for ch, rec in r["receipts"].items()}
+    assert contributed == {"lexical": ["lexical"], "semantic": ["semantic"], "hybrid": ["lexical", "semantic"]}
+
+    # Again from the same cache: the store is reused (no ingest) and every channel scores the same.
+    out2 = tmp_path / "out2"
+    again = CliRunner().invoke(_app(), [*args[:4], str(out2), *args[5:]], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    r2 = json.loads((out2 / "results.json").read_text())
+    assert r2["store"]["reused"] is True and r2["store"]["dir"] == r["store"]["dir"]
+    assert r2["runs"] == r["runs"]
+    for ch in ("lexical", "semantic", "hybrid"):
+        assert (out2 / "runs" / f"scifact.{ch}.trec").read_text() == (out / "runs" / f"scifact.{ch}.trec").read_text()
+
+
+@pytest.mark.slow
 def test_eval_smoke(tmp_path: Path) -> None:
     out, cache = tmp_path / "out", tmp_path / "cache"
     args = ["eval", "--dataset", str(SCIFACT), "--out", str(out), "--limit-docs", "300", "--max-queries", "100",
@@ -95,6 +138,43 @@ def test_eval_smoke(tmp_path: Path) -> None:
     assert time.perf_counter() - t0 < first_s
 
 
+def test_bench_small(tmp_path: Path) -> None:
+    """The default run's bench: one small size, a short --resume; the same report and ratios."""
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "40", "--queries", "5",
+                                         "--ops-sample", "2", "--threads", "1", "--no-progress",
+                                         "--ingest-docs", "3"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    b = json.loads((out / "bench.json").read_text())
+    row = b["sizes"]["40"]
+    assert row["records"] == 42
+    for run in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
+        assert row["search"][run]["p50"] > 0, run
+    assert row["capture"]["ops_per_s"] > 0 and row["admission"]["ops_per_s"] > 0
+    assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
+    assert "| 40 |" in (out / "bench.md").read_text()
+    ratios = row["ratios"]
+    assert all("target" in entry for entry in ratios.values()), ratios
+    mcp = [e for e in ratios.values() if "MCP" in e.get("label", "") or "serve" in e.get("label", "")]
+    assert len(mcp) == 4 and all(e["measured"] for e in mcp), ratios
+    assert row["mcp"]["ingest"]["documents"] == 3 and row["ingest_floor"]["documents"] == 3
+    stages = row["stages"]
+    assert stages["searches"] == 5 and stages["whole_p50"] > 0
+    assert all(ms > 0 for label, ms in stages["stages"].items() if label != "rerank stage"), stages
+    # --resume: the 42 records and the 3 the host ingested stay, one more ops sample, then 50
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "40,50", "--queries", "3",
+                                         "--ops-sample", "1", "--threads", "1", "--no-progress", "--resume",
+                                         "--no-mcp"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    b = json.loads((out / "bench.json").read_text())
+    assert b["sizes"]["40"]["bulk_ingest"]["records"] == 0 and b["sizes"]["40"]["records"] == 46
+    assert b["sizes"]["50"]["bulk_ingest"]["records"] == 4 and b["sizes"]["50"]["records"] == 51
+    assert b["sizes"]["50"]["rebuild"]["records"] == 51
+
+
+@pytest.mark.slow
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150", "--queries", "15",
