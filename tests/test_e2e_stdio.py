@@ -395,7 +395,7 @@ async def test_http_server_on_an_owned_data_dir_exits_at_once(start_server, data
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("engram-memory: error: data dir ") and "in use" in last
         assert "Traceback" not in proc.stderr
-        assert elapsed < 20
+        assert elapsed < 40  # not a relay's takeover wait (TAKEOVER_S, 60 s); start-up alone under load: ~23 s
         # The first server is unaffected.
         assert (await mcp.call("search", search_args("still here")))["ok"]
 
