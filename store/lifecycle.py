@@ -406,6 +406,7 @@ class Lifecycle:
         outcomes: list[BatchOutcome] = [BatchOutcome() for _ in items]
         recorded_at = issued_at = to_instant(now)
         auth_capture = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
+        source = ctx.source_ref  # a digest: the same for every item of the batch
         prepared: list[_Prepared] = []
         seen: set[str] = set()
         with screen_cache():  # this batch's repeated field names and constants screened once
@@ -415,7 +416,7 @@ class Lifecycle:
                     outcomes[index].deferred = True
                     continue
                 seen.add(key)
-                prepared.append(self._prepare(ctx, index, item, now, recorded_at, auth_capture))
+                prepared.append(self._prepare(ctx, index, item, now, recorded_at, auth_capture, source))
         with self.db.transaction() as uow:
             digests = [d for p in prepared for d in (p.capture_kd, p.admit_kd)]
             known = uow.ledger_lookup_many(ctx.scope_ref, ctx.principal, digests) if digests else {}
@@ -501,12 +502,12 @@ class Lifecycle:
         return outcomes
 
     def _prepare(self, ctx: HostContext, index: int, item: BatchItem, now: int, recorded_at: str,
-                 auth: str) -> _Prepared:
+                 auth: str, source: str) -> _Prepared:
         """An item's work that needs no transaction: its effective payload, digests, envelope and
         the admission policy's screen (what capture and request_admission compute)."""
         args = item.capture
         key = args["idempotency_key"]
-        admit_args = {"candidate_id": derive_candidate_id(ctx.source_ref, "0", key),
+        admit_args = {"candidate_id": derive_candidate_id(source, "0", key),
                       "idempotency_key": item.admit_key}
         p = _Prepared(index=index, cid=admit_args["candidate_id"],
                       capture_kd=ledger.key_digest(key), admit_kd=ledger.key_digest(item.admit_key),

@@ -365,10 +365,11 @@ def _graph_line(path: Path, number: int, obj: Any) -> list[Item]:
             and all(isinstance(o, str) for o in obj["observations"]):
         name, etype, observations = obj["name"], obj["entityType"], obj["observations"]
         type_ref, source_ref = f"{GRAPH_SOURCE}:entity:{etype}", f"{GRAPH_SOURCE}:entity:{name}"
+        shown = _name(name)  # screened once for the entity's observations
         if not observations:
-            return [_graph_item(f"line {number} entity {_name(name)}", f"{name} ({etype})", type_ref, source_ref,
+            return [_graph_item(f"line {number} entity {shown}", f"{name} ({etype})", type_ref, source_ref,
                                 {"type": "entity", "name": name, "entityType": etype})]
-        return [_graph_item(f"line {number} entity {_name(name)} observation {k}", f"{name} ({etype}): {text}",
+        return [_graph_item(f"line {number} entity {shown} observation {k}", f"{name} ({etype}): {text}",
                             type_ref, source_ref,
                             {"type": "entity", "name": name, "entityType": etype, "observation": text})
                 for k, text in enumerate(observations, 1)]

@@ -275,3 +275,25 @@ def test_fast_path_float_marks_cannot_be_forged() -> None:
     forged = canonical._MARK + "0"  # a string equal to the first float's stand-in
     for value in [{"a": forged, "b": 0.5}, {"a": [0.25, forged]}, {"s": forged}, [0.1, 0.2, 1e-7, 1.5e-300, 123.456]]:
         assert canonical_bytes(value) == rfc8785.dumps(value)
+
+
+def test_engine_value_fast_path_keeps_every_rule() -> None:
+    """The exact-type fast path of the normalisation (str/dict/list/int values an import digests ~25
+    times an item) refuses, normalises and keeps what the general path does, nested in dicts/lists."""
+    import enum
+
+    class Sub(str):
+        pass
+
+    class Num(enum.IntEnum):
+        ONE = 1
+
+    assert canonical_bytes({"b": True, "a": False, "n": None, "i": -(2**53) + 1}) == \
+        b'{"a":false,"b":true,"i":-9007199254740991,"n":null}'
+    assert canonical_bytes({"k": [{"t": "e\u0301"}, "e\u0301"], "e\u0301": 1}) == \
+        '{"k":[{"t":"\u00e9"},"\u00e9"],"\u00e9":1}'.encode()
+    assert canonical_bytes({"s": Sub("x"), "n": Num.ONE, "f": 2.0, "l": ["a", 1]}) == \
+        b'{"f":2,"l":["a",1],"n":1,"s":"x"}'
+    for bad in ({"k": 2**53}, {"k": [-(2**53)]}, {"k": {"j": "\ud800"}}, {"k": b"x"}):
+        with pytest.raises(CanonicalizationError):
+            canonical_bytes(bad)
