@@ -227,8 +227,9 @@ def features(text: str, where: str | None = None) -> tuple[np.ndarray, np.ndarra
     return idx, val
 
 
-@lru_cache(maxsize=1 << 16)
 def _token_names(token: str) -> tuple[str, ...]:
+    # Not cached across calls: a process-wide cache of screened tokens would keep agent text (and the
+    # secrets it refused) in memory, and answer a token another tenant sent sooner than a new one.
     shape = _shape(token)
     band = min(len(token) // 4, 8)
     mix = len(set(shape) - {"L"})

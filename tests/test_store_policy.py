@@ -60,3 +60,10 @@ def test_the_screen_keeps_no_strings_beyond_an_import_batch() -> None:
         assert held is not None and "we moved the standup to ten on Mondays" in held
     assert policy._batch_cache.get() is None
     assert not hasattr(policy, "_screen_short")
+    # Nor the learned screen's features: no function of it holds a cache of the tokens it saw.
+    from engram_memory.store import secret_model
+
+    assert policy.secret_kind({"components": [{"text": "wifi pass is pollitos1958"}]}, {}) is not None
+    caching = [name for name, f in vars(secret_model).items() if callable(f) and hasattr(f, "cache_info")
+               and f.cache_info().currsize and name != "load_model"]
+    assert caching == []
