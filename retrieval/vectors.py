@@ -50,6 +50,11 @@ HOLE_FRACTION = 10  # HNSW mode: rebuild the graph once more than 1/10 of its ro
 # candidate within this margin of the k-th float32 score is rescored canonically.
 _EXACT_MARGIN = 1e-4
 SCORE_BLOCK = 128  # rows rescored per float64 block (canonical_scores)
+# Resident-memory estimate (resident_bytes): per row, its id string, list slot and dict entry; per
+# graph element, hnswlib's level-0 links (2M ids + count) and label, its label map entry and the
+# upper levels' links (~1/M of the elements, M ids each), beside the vector it holds.
+ID_BYTES = 160
+GRAPH_OVERHEAD_BYTES = 64
 
 
 class VectorIndexError(RuntimeError):
@@ -199,6 +204,16 @@ class VectorIndex:
 
     def contains(self, record_id: str) -> bool:
         return record_id in self._rows
+
+    def resident_bytes(self) -> int:
+        """Estimated memory this index holds: its matrix (capacity rows), the HNSW graph
+        (allocated elements, each with its own copy of the vector) and the ids."""
+        with self._lock:
+            size = self._mat.nbytes + len(self._ids) * ID_BYTES
+            if self._graph is not None:
+                per = self._dim * 4 + (2 * self._M + 1) * 4 + 8 + GRAPH_OVERHEAD_BYTES
+                size += self._graph.get_max_elements() * per
+            return size
 
     def describe(self) -> dict[str, object]:
         """What a rank receipt needs to name this channel's engine."""
