@@ -137,3 +137,27 @@ def test_the_budget_comes_from_the_environment_and_the_toml_file(tmp_path: Path,
     monkeypatch.setenv("ENGRAM_PROJECTION_MEMORY", "lots")
     with pytest.raises(ConfigError, match="projection_memory must be a whole number"):
         load_config({}, config)
+
+
+def test_bench_scopes_layout() -> None:
+    from engram_memory.eval.bench_scopes import scope_sizes
+
+    full = scope_sizes(1000, 200_000)  # the node: a 20,000-record and a 200-record scope
+    assert len(full) == 1000 and sum(full) == 200_000 and full[:2] == [20_000, 200]
+    small = scope_sizes(100, 20_000)
+    assert len(small) == 100 and sum(small) == 20_000 and small[0] == 5_000
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (["--scopes", "2"], "--scopes takes a whole number >= 3"),
+    (["--scopes", "10", "--projection-memory", "12"], "--projection-memory must be a whole number with a unit"),
+    (["--scopes", "10", "--records", "20"], "--records must be at least 4 x --scopes"),
+])
+def test_bench_scopes_refuses_bad_options_in_one_line(tmp_path: Path, given: list[str], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([SERVER_PYTHON, "-m", "engram_memory.server.cli", "bench", "--out", str(tmp_path / "o"),
+                           *given], env=env, capture_output=True, text=True, timeout=60, cwd=str(REPO),
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
