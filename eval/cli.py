@@ -33,6 +33,7 @@ from engram_memory.eval.beir import (  # noqa: E402
     load_collection,
 )
 from engram_memory.eval.options import OptionError  # noqa: E402
+from engram_memory.models.settings import parse_bytes  # noqa: E402
 
 Opt = typer.Option
 EXTRA_MODULES = ("ranx", "matplotlib")
@@ -234,6 +235,14 @@ def bench_cmd(
     store: Annotated[str | None, Opt("--store", help="Bench the engine on an initialised, empty PostgreSQL store "
                                      "(postgresql://USER@HOST:PORT/DB; with --no-mcp).")] = None,
     master_key_file: Annotated[Path | None, Opt("--master-key-file", help="That store's master key file.")] = None,
+    scopes: Annotated[str | None, Opt("--scopes", metavar="N", help="Instead: grow a store of N scopes and measure "
+                                      "one node's memory and cold/warm search under --projection-memory "
+                                      "(OUT/bench-scopes.json).")] = None,
+    records: Annotated[str, Opt("--records", metavar="N", help="With --scopes: records in all.")] = "200000",
+    projection_memory: Annotated[str, Opt("--projection-memory", help="With --scopes: the node's budget.")]
+    = "512MiB",
+    searches: Annotated[str, Opt("--searches", metavar="N", help="With --scopes: random searches over all "
+                                 "scopes.")] = "1000",
 ) -> None:
     """Latency, throughput, rebuild time and memory of the real engine at several store sizes.
 
@@ -257,15 +266,36 @@ def bench_cmd(
             check_layout(dataset)
         options.peer_available(peer_name)
         pg = options.store(store, master_key_file)
-        if pg is not None and mcp:
+        if pg is not None and mcp and scopes is None:
             raise OptionError("--store benches the engine in process: add --no-mcp (bench-http measures servers"
                               " on PostgreSQL)")
         if dataset is not None:
             _collection(dataset, None)
+        n_scopes = options.integer("--scopes", scopes, minimum=3)
+        n_records = options.integer("--records", records)
+        n_searches = options.integer("--searches", searches)
+        try:
+            budget = parse_bytes("--projection-memory", projection_memory)
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        if n_scopes is not None and n_records is not None and n_records < 4 * n_scopes:
+            raise OptionError("--records must be at least 4 x --scopes")
     except OptionError as exc:
         fail(str(exc))
     except CollectionError as exc:
         fail(f"--dataset {exc.path}: {exc.detail}")
+    if n_scopes is not None:
+        if pg is not None:
+            from engram_memory.eval.ingest import set_store
+
+            set_store(*pg)
+        _make_dir("--out", out_dir)
+        from engram_memory.eval.bench_scopes import run_scope_bench
+
+        assert n_records is not None and n_searches is not None
+        run_scope_bench(out_dir, n_scopes, n_records, budget, n_searches, progress=progress)
+        sys.stderr.write(f"wrote {out_dir / 'bench-scopes.json'}\n")
+        return
     assert n_queries is not None and n_ops is not None and n_profile is not None and n_ingest is not None
     if pg is not None:
         from engram_memory.eval.ingest import set_store

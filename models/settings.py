@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engram_memory.models.context import HostPolicy
 from engram_memory.models.limits import DAY_MS, ENCODE_THREADS, HNSW_THRESHOLD, RRF_K, SEMANTIC_FLOOR, TURN_TYPES
@@ -28,6 +28,22 @@ EmbeddingModel = Literal["all-MiniLM-L6-v2", "multilingual-e5-small"]
 EMBEDDING_MODELS: tuple[str, ...] = get_args(EmbeddingModel)
 DEFAULT_MODEL: EmbeddingModel = "all-MiniLM-L6-v2"
 _POLICY_DEFAULTS = HostPolicy()
+BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+MIN_PROJECTION_MEMORY = 1 << 20
+
+
+def parse_bytes(key: str, value: object) -> int:
+    """A memory size as an operator writes it: ``512MiB``, ``2GiB``, ``65536KiB``, ``1048576B``
+    (or a TOML integer, in bytes). Raises ValueError with one line naming ``key``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    units = ", ".join(BYTE_UNITS)
+    text = value.strip() if isinstance(value, str) else ""
+    number = text.rstrip("BKMGib ")
+    unit = text[len(number):].strip()
+    if not number.isdigit() or unit not in BYTE_UNITS:
+        raise ValueError(f"{key} must be a whole number with a unit ({units}), e.g. 512MiB; got {str(value)[:40]!r}")
+    return int(number) * BYTE_UNITS[unit]
 
 
 def store_pair_problem(store: str | None, master_key_file: object) -> str | None:
@@ -109,6 +125,13 @@ class EngineSettings(BaseModel):
     hnsw_threshold: int = Field(
         default=HNSW_THRESHOLD, description="Live vectors per scope from which search uses HNSW."
     )
+    projection_memory: int | None = Field(
+        default=None,
+        description="Memory budget for the scopes' search projections, e.g. 512MiB (units B, KiB, MiB, GiB):"
+        " a scope loads on first use and the least recently used are evicted to stay under it (reloaded from"
+        " this node's projection files, the same answers). Absent: every scope used stays resident.",
+        json_schema_extra={"unit": "bytes"},
+    )
     # Which channels rank. Hosts keep both; the evaluation harness restricts it to score each
     # channel on its own through the same search path.
     channels: tuple[Channel, ...] = Field(default=CHANNELS, description="Channels that rank.")
@@ -120,6 +143,11 @@ class EngineSettings(BaseModel):
     redacted_fields: tuple[str, ...] = Field(
         default=_POLICY_DEFAULTS.redacted_fields, description="Top-level record fields withheld from the agent."
     )
+
+    @field_validator("projection_memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: object) -> object:
+        return None if value is None else parse_bytes("projection_memory", value)
 
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineSettings:
@@ -134,6 +162,8 @@ class EngineSettings(BaseModel):
             raise ValueError("model and model_path both name the embedding model: give one")
         if self.hnsw_threshold < 1:
             raise ValueError("hnsw_threshold must be at least 1")
+        if self.projection_memory is not None and self.projection_memory < MIN_PROJECTION_MEMORY:
+            raise ValueError("projection_memory must be at least 1MiB")
         problem = store_pair_problem(self.store, self.master_key_file)
         if problem:
             raise ValueError(problem)

@@ -607,23 +607,29 @@ class LexicalIndex:
         self._index.reload()
 
     def _read_cursor(self) -> str | None:
-        sidecar = self._path / SIDECAR
-        if not sidecar.exists():
-            return None
-        try:
-            data = read_json(sidecar)
-            cursor = data["cursor"]
-            if data.get("format") != SIDECAR_FORMAT or not (cursor is None or isinstance(cursor, str)):
-                raise ValueError("unexpected sidecar content")
-            return cursor
-        except (OSError, ValueError, KeyError, TypeError):
-            # An unreadable cursor means "unknown": the store replays from the start.
-            log.warning("lexical projection sidecar unreadable in %s; cursor reset", self._path)
-            return None
+        return read_cursor(self._path)
 
     def _write_cursor(self, cursor: str | None) -> None:
         write_json(self._path / SIDECAR, {"format": SIDECAR_FORMAT, "cursor": cursor})
         self._cursor = cursor
+
+
+def read_cursor(path: Path) -> str | None:
+    """The journal cursor the lexical index in ``path`` reflects, read from its sidecar file alone
+    (the index need not be open); None: nothing applied, or unknown."""
+    sidecar = path / SIDECAR
+    if not sidecar.exists():
+        return None
+    try:
+        data = read_json(sidecar)
+        cursor = data["cursor"]
+        if data.get("format") != SIDECAR_FORMAT or not (cursor is None or isinstance(cursor, str)):
+            raise ValueError("unexpected sidecar content")
+        return cursor
+    except (OSError, ValueError, KeyError, TypeError):
+        # An unreadable cursor means "unknown": the store replays from the start.
+        log.warning("lexical projection sidecar unreadable in %s; cursor reset", path)
+        return None
 
 
 def _to_document(doc: LexicalDoc) -> tantivy.Document:

@@ -8,6 +8,9 @@
   recomputed canonically -- a float64 dot product of the stored float32 vectors (exact products,
   numpy pairwise sum per row, no BLAS) -- and sorted by (-score, id), so scores and ties never
   depend on BLAS kernels, threads, row order or graph layout.
+* The exact vectors are held once: in exact mode as a numpy matrix, in HNSW mode only inside the
+  graph (hnswlib keeps each inserted float32 vector as given, space "ip"), from which the exact
+  rescoring reads its candidates (``get_items``) and a save writes vectors.npy block by block.
 * The graph is built single-threaded with a fixed seed from rows sorted by id, so a rebuild is
   bit-reproducible. Incremental upserts insert into the existing graph (deterministic for the
   same operation sequence, but not identical to a rebuild).
@@ -26,6 +29,7 @@ import threading
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import hnswlib
 import numpy as np
@@ -50,6 +54,12 @@ HOLE_FRACTION = 10  # HNSW mode: rebuild the graph once more than 1/10 of its ro
 # candidate within this margin of the k-th float32 score is rescored canonically.
 _EXACT_MARGIN = 1e-4
 SCORE_BLOCK = 128  # rows rescored per float64 block (canonical_scores)
+SAVE_BLOCK = 4096  # rows copied out of the HNSW graph at a time (a save, an exact fallback)
+# Resident-memory estimate (resident_bytes): per row, its id string, list slot and dict entry; per
+# graph element, hnswlib's level-0 links (2M ids + count) and label, its label map entry and the
+# upper levels' links (~1/M of the elements, M ids each), beside the vector it holds.
+ID_BYTES = 160
+GRAPH_OVERHEAD_BYTES = 64
 
 
 class VectorIndexError(RuntimeError):
@@ -112,7 +122,8 @@ class VectorIndex:
         self._ef_construction = ef_construction
         self._seed = seed
         self._lock = threading.RLock()
-        self._mat = np.zeros((0, dim), dtype=np.float32)  # capacity rows; the first _n are live
+        # Exact mode: capacity rows, the first _n live. HNSW mode: empty -- the graph holds the vectors.
+        self._mat = np.zeros((0, dim), dtype=np.float32)
         self._n = 0
         self._ids: list[str] = []
         self._rows: dict[str, int] = {}  # live ids only
@@ -200,6 +211,16 @@ class VectorIndex:
     def contains(self, record_id: str) -> bool:
         return record_id in self._rows
 
+    def resident_bytes(self) -> int:
+        """Estimated memory this index holds: its matrix (capacity rows), the HNSW graph
+        (allocated elements, each with its own copy of the vector) and the ids."""
+        with self._lock:
+            size = self._mat.nbytes + len(self._ids) * ID_BYTES
+            if self._graph is not None:
+                per = self._dim * 4 + (2 * self._M + 1) * 4 + 8 + GRAPH_OVERHEAD_BYTES
+                size += self._graph.get_max_elements() * per
+            return size
+
     def describe(self) -> dict[str, object]:
         """What a rank receipt needs to name this channel's engine."""
         return {
@@ -232,7 +253,8 @@ class VectorIndex:
         with self._lock:
             order = sorted(last)  # deterministic insertion order within a batch
             new = [rid for rid in order if rid not in self._rows]
-            self._reserve(self._n + len(new))
+            if self._graph is None:
+                self._reserve(self._n + len(new))
             touched: list[int] = []
             for rid in order:
                 row = self._rows.get(rid)
@@ -241,12 +263,13 @@ class VectorIndex:
                     self._n += 1
                     self._ids.append(rid)
                     self._rows[rid] = row
-                self._mat[row] = unit[last[rid]]
+                if self._graph is None:
+                    self._mat[row] = unit[last[rid]]
                 touched.append(row)
             if self._graph is not None:
                 self._ensure_graph_capacity(self._n)
                 labels = np.asarray(touched, dtype=np.int64)
-                self._graph.add_items(self._mat[labels], labels, num_threads=1)
+                self._graph.add_items(unit[[last[rid] for rid in order]], labels, num_threads=1)
             elif self._n >= self._threshold:
                 self._build_graph()
             self._dirty = True
@@ -264,7 +287,7 @@ class VectorIndex:
                 self._punch_holes(sorted(self._rows[rid] for rid in doomed))
             else:
                 keep = [row for row, rid in enumerate(self._ids) if rid and rid not in doomed]
-                self._set_rows([self._ids[r] for r in keep], self._mat[keep].copy())
+                self._set_rows([self._ids[r] for r in keep], self._matrix()[keep])
                 self._graph = None
                 if self._n >= self._threshold:
                     self._build_graph()
@@ -273,10 +296,9 @@ class VectorIndex:
     def _punch_holes(self, rows: list[int]) -> None:
         assert self._graph is not None
         labels = np.asarray(rows, dtype=np.int64)
-        self._mat[labels] = 0.0
         # add_items on an existing label overwrites its stored vector (and repairs its links);
         # mark_deleted alone would leave the bytes in the graph.
-        self._graph.add_items(self._mat[labels], labels, num_threads=1)
+        self._graph.add_items(np.zeros((len(rows), self._dim), dtype=np.float32), labels, num_threads=1)
         for row in rows:
             self._graph.mark_deleted(row)
             del self._rows[self._ids[row]]
@@ -286,7 +308,7 @@ class VectorIndex:
     def rebuild(self) -> None:
         """Canonical state: rows sorted by id, graph (if any) rebuilt from scratch."""
         with self._lock:
-            self._graph = None
+            self._drop_graph()
             if self.count() >= self._threshold:
                 self._build_graph()
             else:
@@ -311,8 +333,7 @@ class VectorIndex:
         with self._lock:
             if not self._dirty:
                 return
-            mat = np.ascontiguousarray(self._mat[: self._n])
-            atomic_write(self._path / VECTORS, lambda fh: np.save(fh, mat, allow_pickle=False))
+            atomic_write(self._path / VECTORS, self._write_matrix)
             ids_bytes = json.dumps(self._ids, ensure_ascii=False).encode("utf-8")
             atomic_write(self._path / IDS, lambda fh: fh.write(ids_bytes))
             graph_file = self._path / GRAPH
@@ -356,7 +377,7 @@ class VectorIndex:
             rows = self._graph_candidates(q, k) if self._graph is not None else None
             if rows is None:
                 rows = self._exact_candidates(q, k)
-            scores = canonical_scores(self._mat[rows], q)
+            scores = canonical_scores(self._rows_of(rows), q)
             ranked = sorted(zip((self._ids[r] for r in rows), scores, strict=True), key=_rank_key)
             return ranked[:k]
 
@@ -365,7 +386,7 @@ class VectorIndex:
     def _exact_candidates(self, q: np.ndarray, k: int) -> np.ndarray:
         # numpy's own loop, not BLAS: OpenBLAS's 2-thread gemv costs a flat ~8 ms whenever the
         # other core is busy (thread hand-off), while this stays ~0.55 ms per 10k rows.
-        approx = np.einsum("ij,j->i", self._mat[: self._n], q)
+        approx = np.einsum("ij,j->i", self._matrix(), q)
         if self._holes:
             approx[list(self._holes)] = -np.inf  # purged rows never rank
         live = self.count()
@@ -410,7 +431,7 @@ class VectorIndex:
     def _sort_rows(self) -> None:
         """Live rows sorted by id (holes dropped): the canonical layout."""
         order = sorted((r for r in range(self._n) if self._ids[r]), key=self._ids.__getitem__)
-        self._set_rows([self._ids[r] for r in order], self._mat[order].copy())
+        self._set_rows([self._ids[r] for r in order], self._matrix()[order])
 
     def _build_graph(self) -> None:
         self._sort_rows()
@@ -424,6 +445,41 @@ class VectorIndex:
         graph.add_items(self._mat[: self._n], np.arange(self._n, dtype=np.int64), num_threads=1)
         graph.set_ef(self._ef_search)
         self._graph = graph
+        self._mat = np.zeros((0, self._dim), dtype=np.float32)  # the graph holds them now
+
+    def _drop_graph(self) -> None:
+        """Back to a matrix: the graph's vectors copied out (exact mode, or before a rebuild)."""
+        if self._graph is not None:
+            self._mat = self._matrix()
+            self._graph = None
+
+    def _rows_of(self, rows: np.ndarray) -> np.ndarray:
+        """The stored float32 vectors of ``rows`` (a purged hole reads as zeros)."""
+        if self._graph is None:
+            return self._mat[rows]
+        out = np.zeros((len(rows), self._dim), dtype=np.float32)
+        live = [i for i, row in enumerate(rows.tolist()) if row not in self._holes]
+        if live:
+            out[live] = np.asarray(self._graph.get_items(rows[live], return_type="numpy"), dtype=np.float32)
+        return out
+
+    def _matrix(self) -> np.ndarray:
+        """All _n stored rows as one matrix (a copy out of the graph in HNSW mode)."""
+        if self._graph is None:
+            return self._mat[: self._n]
+        return np.concatenate([self._rows_of(np.arange(start, min(start + SAVE_BLOCK, self._n), dtype=np.int64))
+                               for start in range(0, self._n, SAVE_BLOCK)] or [self._mat[:0]])
+
+    def _write_matrix(self, fh: Any) -> None:
+        """vectors.npy, as np.save writes it, block by block: HNSW mode never copies the whole matrix."""
+        if self._graph is None:
+            np.save(fh, np.ascontiguousarray(self._mat[: self._n]), allow_pickle=False)
+            return
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                  "shape": (self._n, self._dim)}
+        np.lib.format.write_array_header_1_0(fh, header)
+        for start in range(0, self._n, SAVE_BLOCK):
+            fh.write(self._rows_of(np.arange(start, min(start + SAVE_BLOCK, self._n), dtype=np.int64)).tobytes())
 
     def _ensure_graph_capacity(self, rows: int) -> None:
         assert self._graph is not None
@@ -451,7 +507,8 @@ class VectorIndex:
             for name in (VECTORS, IDS):
                 if sha256_file(self._path / name) != files[name]:
                     raise VectorIndexError(f"{name} does not match state.json")
-            mat = np.load(self._path / VECTORS, allow_pickle=False)
+            # Mapped, not read: in HNSW mode the graph holds the vectors and the matrix is dropped.
+            mat = np.load(self._path / VECTORS, allow_pickle=False, mmap_mode="r")
             ids = json.loads((self._path / IDS).read_bytes().decode("utf-8"))
             live_ids = [i for i in ids if i]
             if mat.dtype != np.float32 or mat.shape != (len(ids), self._dim) or len(set(live_ids)) != len(live_ids):
@@ -459,7 +516,7 @@ class VectorIndex:
         except (OSError, ValueError, KeyError, TypeError, VectorIndexError) as exc:
             self._discard(str(exc))
             return
-        self._set_rows(list(ids), mat)
+        self._set_rows(list(ids), mat if len(ids) >= self._threshold else np.array(mat))
         self._cursor = state.get("cursor")
         model = state.get("model")
         self._model = model if isinstance(model, str) else None
@@ -485,6 +542,7 @@ class VectorIndex:
         graph.load_index(str(graph_file), max_elements=self._n)
         graph.set_ef(self._ef_search)  # ef is not persisted by hnswlib
         self._graph = graph
+        self._mat = np.zeros((0, self._dim), dtype=np.float32)  # the graph holds the vectors
 
     def _discard(self, reason: str) -> None:
         # Unverifiable data may include vectors that were since deleted: purge it, start empty.

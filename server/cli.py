@@ -112,6 +112,7 @@ def serve(
     rrf_k: Annotated[int | None, _opt("rrf_k", "--rrf-k")] = None,
     semantic_floor: Annotated[float | None, _opt("semantic_floor", "--semantic-floor")] = None,
     rerank: Annotated[bool | None, _opt("rerank", "--rerank/--no-rerank")] = None,
+    projection_memory: Annotated[str | None, _opt("projection_memory", "--projection-memory")] = None,
     retention_ceiling_days: Annotated[int | None, _opt("retention_ceiling_days", "--retention-ceiling-days")] = None,
     allow_retain: Annotated[bool | None, _opt("allow_retain", "--allow-retain/--no-allow-retain")] = None,
     consented_families: Annotated[str | None, _opt("consented_families", "--consented-families")] = None,

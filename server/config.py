@@ -36,7 +36,13 @@ from pydantic_settings import (
 from engram_memory.models.canonical import CanonicalizationError, nfc, utf8_len
 from engram_memory.models.context import ALL_TOOLS, CONFIRMABLE, HostContext
 from engram_memory.models.limits import CONFIRM_TTL_S, DAY_MS, OPAQUE_MAX_BYTES
-from engram_memory.models.settings import DEFAULT_MODEL, DUCKDB_STORE_FILE, EngineSettings, default_data_dir
+from engram_memory.models.settings import (
+    DEFAULT_MODEL,
+    DUCKDB_STORE_FILE,
+    EngineSettings,
+    default_data_dir,
+    parse_bytes,
+)
 
 __all__ = [
     "CONTEXT_KEYS",
@@ -152,7 +158,10 @@ class ServeSettings(BaseSettings, EngineSettings):
     def _operator_value(cls, value: Any, info: ValidationInfo) -> Any:
         """Coerce a raw flag, environment or TOML value by the field's type, with one-line refusals."""
         key = info.field_name or ""
-        return _coerce(key, cls.model_fields[key].annotation, value)
+        spec = cls.model_fields[key]
+        if isinstance(spec.json_schema_extra, dict) and spec.json_schema_extra.get("unit") == "bytes":
+            return None if value is None else parse_bytes(key, value)  # 512MiB, 2GiB
+        return _coerce(key, spec.annotation, value)
 
     @model_validator(mode="after")
     def _serve_rules(self) -> ServeSettings:

@@ -116,7 +116,8 @@ class Engine:
             semantic_floor=config.semantic_floor,
         )
         self.projections = Projections(
-            config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=lexical
+            config.data_dir / "projections", hnsw_threshold=config.hnsw_threshold, lexical_config=lexical,
+            memory_budget=config.projection_memory,
         )
         # Which records are conversation turns (the rerank stage's scope), whether or not it runs.
         self.turns = RerankConfig(turn_types=frozenset(config.turn_types))
@@ -209,8 +210,9 @@ class Engine:
             # Projections that lag the journal are rebuilt lazily, on the scope's next use, so a
             # server answers initialize at once even after a crash. (A node of a shared store
             # catches up from the journal instead: Engine._sync.)
+            # (The cursor is read from each index's file: no scope is loaded before its first use.)
             for scope_ref, projection_cursor in self.db.projection_cursors().items():
-                if self.projections.lexical(scope_ref).cursor != str(projection_cursor) and not self.db.shared:
+                if not self.db.shared and self.projections.lexical_cursor(scope_ref) != str(projection_cursor):
                     self._stale.add(scope_ref)
             # A forget that answered "pending" (a purge that failed, or a crash before it ran)
             # may have left the record in any projection file: rebuild, then complete it.
@@ -477,14 +479,28 @@ class Engine:
         behind = self.db.shared and self._applied(scope_ref) != self.db.projection_cursor(scope_ref)
         waiting = self._projector is not None and self._projector.waiting(scope_ref)
         if not behind and not waiting and scope_ref not in self._stale and scope_ref not in self._pending \
-                and self._views.get(scope_ref) is not None and not self._views.expiry_due(scope_ref, now):
+                and self._views.get(scope_ref) is not None and not self._views.expiry_due(scope_ref, now) \
+                and self.projections.resident(scope_ref):
+            self.projections.use(scope_ref)
             return
         with self._rw.write():
+            # Loaded on first use (or again after an eviction: the same files, the same answers).
+            self.projections.use(scope_ref)
+            if self.projections.take_reset(scope_ref) and not self.db.shared:
+                self._stale.add(scope_ref)  # its lexical index was of an earlier format: rebuilt now
             self._settle_locked(scope_ref)  # read-your-writes: what was admitted is projected first
             self._fresh(scope_ref)
             self._view(scope_ref)
             if self._views.expiry_due(scope_ref, now):
                 self._expire(scope_ref, now)
+            self.projections.use(scope_ref)  # a rebuild reopened it
+            self._trim(scope_ref)
+
+    def _trim(self, keep: str | None = None) -> None:
+        """Under the write lock: keep the resident scopes within the projection memory budget
+        (evicting the least recently used; their views go with them)."""
+        for scope_ref in self.projections.trim(keep):
+            self._views.drop(scope_ref)
 
     def _expire(self, scope_ref: str, now: int) -> None:
         expired = self.lifecycle.expire_due(scope_ref, now)
@@ -600,6 +616,7 @@ class Engine:
                 if vectors is not None and all(r["record_id"] in vectors for r in chunk):
                     given = np.vstack([vectors[r["record_id"]] for r in chunk])
                 self._embed_and_store(scope_ref, chunk, cursor, given)
+        self._trim(scope_ref)
 
     def _encode_for_projection(self, records: list[dict[str, Any]]) -> np.ndarray | None:
         """The projector's encoding, outside the lock (None: the semantic channel is not ready)."""
@@ -665,7 +682,7 @@ class Engine:
 
     def _applied(self, scope_ref: str) -> int:
         """The journal cursor this node's projections of the scope reflect."""
-        cursor = self.projections.lexical(scope_ref).cursor
+        cursor = self.projections.lexical_cursor(scope_ref)
         return int(cursor) if cursor else 0
 
     def _sync(self, scope_ref: str) -> None:
@@ -801,6 +818,7 @@ class Engine:
             with self._rw.write():
                 if not self._closed:
                     self._fresh(scope_ref)
+                    self._trim()  # a scope loaded only to catch up is the first to go
         except Exception:  # noqa: BLE001 - the next read of the scope catches up on its own
             log.warning("catching up scope %s failed", scope_ref, exc_info=True)
 

@@ -311,3 +311,36 @@ def test_hnsw_delete_punches_a_hole_in_place_and_purges(tmp_path: Path) -> None:
     assert reopened._graph is not None and reopened.count() == 88 and not reopened._holes
     reopened.upsert([ids[21]], x[21:22])  # a purged id may come back as a new row
     assert reopened.search(x[21], 1)[0][0] == ids[21]
+
+
+def test_hnsw_holds_the_vectors_once_with_the_same_answers_and_files(tmp_path: Path) -> None:
+    """Issue 39 §3: where HNSW serves a scope, the exact vectors live only in hnswlib's graph (the
+    rescoring reads them with get_items); scores, answers and vectors.npy are those of the matrix."""
+    n = 600
+    x, ids = clustered(n, seed=7), ids_for(n)
+    exact = open_index(tmp_path / "exact", threshold=10 * n)
+    graph = open_index(tmp_path / "hnsw", threshold=100)
+    for index in (exact, graph):
+        index.upsert(ids[:300], x[:300])
+        index.upsert(ids[300:], x[300:])
+        index.upsert(ids[:3], x[3:6])  # replaced in place
+        index.delete(ids[20:30])  # HNSW: purged holes
+    assert graph.kind == "hnsw" and exact.kind == "exact"
+    assert graph._mat.nbytes == 0  # no second copy beside the graph
+    assert graph.resident_bytes() < exact.resident_bytes() + n * (DIM * 4 + 2 * 16 * 4 + 100)
+    unit = dict(zip(ids, normalize_rows(np.vstack([x[3:6], x[3:]])), strict=True))
+    rng = np.random.default_rng(3)
+    for q in rng.standard_normal((20, DIM)).astype(np.float32):
+        got = graph.search(q, 50)
+        qn = normalize_rows(q[None, :])[0]
+        # the rescoring read the very bytes that were inserted (canonical scores of the inputs)
+        assert [s for _, s in got] == canonical_scores(np.vstack([unit[i] for i, _ in got]), qn)
+        assert graph.search(q, 50) == got
+    for index in (exact, graph):
+        index.rebuild()  # canonical rows: sorted by id, holes dropped
+        index.save()
+    assert (tmp_path / "hnsw" / VECTORS).read_bytes() == (tmp_path / "exact" / VECTORS).read_bytes()
+    again = open_index(tmp_path / "hnsw", threshold=100)
+    assert again.kind == "hnsw" and again._mat.nbytes == 0
+    for q in rng.standard_normal((5, DIM)).astype(np.float32):
+        assert again.search(q, 40) == graph.search(q, 40)
