@@ -138,79 +138,47 @@ def test_eval_smoke(tmp_path: Path) -> None:
     assert time.perf_counter() - t0 < first_s
 
 
-def test_bench_small(tmp_path: Path) -> None:
-    """The default run's bench: one small size, a short --resume; the same report and ratios."""
+@pytest.mark.parametrize(("size", "grown", "queries", "ops", "ingest"), [
+    (40, 50, 5, 2, 3),  # the default run's bench
+    pytest.param(150, 170, 15, 5, 10, marks=pytest.mark.slow),
+])
+def test_bench(tmp_path: Path, size: int, grown: int, queries: int, ops: int, ingest: int) -> None:
+    """One size through every part of the bench (the MCP ratios through a real stdio server and SDK
+    client), then --resume grows the same store on without capturing any text twice."""
     out = tmp_path / "bench"
-    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "40", "--queries", "5",
-                                         "--ops-sample", "2", "--threads", "1", "--no-progress",
-                                         "--ingest-docs", "3"],
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", str(size), "--queries", str(queries),
+                                         "--ops-sample", str(ops), "--threads", "1", "--no-progress",
+                                         "--ingest-docs", str(ingest)],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     b = json.loads((out / "bench.json").read_text())
-    row = b["sizes"]["40"]
-    assert row["records"] == 42
-    for run in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
-        assert row["search"][run]["p50"] > 0, run
-    assert row["capture"]["ops_per_s"] > 0 and row["admission"]["ops_per_s"] > 0
-    assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
-    assert "| 40 |" in (out / "bench.md").read_text()
-    ratios = row["ratios"]
-    assert all("target" in entry for entry in ratios.values()), ratios
-    mcp = [e for e in ratios.values() if "MCP" in e.get("label", "") or "serve" in e.get("label", "")]
-    assert len(mcp) == 4 and all(e["measured"] for e in mcp), ratios
-    assert row["mcp"]["ingest"]["documents"] == 3 and row["ingest_floor"]["documents"] == 3
-    stages = row["stages"]
-    assert stages["searches"] == 5 and stages["whole_p50"] > 0
-    assert all(ms > 0 for label, ms in stages["stages"].items() if label != "rerank stage"), stages
-    # --resume: the 42 records and the 3 the host ingested stay, one more ops sample, then 50
-    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "40,50", "--queries", "3",
-                                         "--ops-sample", "1", "--threads", "1", "--no-progress", "--resume",
-                                         "--no-mcp"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    b = json.loads((out / "bench.json").read_text())
-    assert b["sizes"]["40"]["bulk_ingest"]["records"] == 0 and b["sizes"]["40"]["records"] == 46
-    assert b["sizes"]["50"]["bulk_ingest"]["records"] == 4 and b["sizes"]["50"]["records"] == 51
-    assert b["sizes"]["50"]["rebuild"]["records"] == 51
-
-
-@pytest.mark.slow
-def test_bench_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "bench"
-    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150", "--queries", "15",
-                                         "--ops-sample", "5", "--threads", "1", "--no-progress",
-                                         "--ingest-docs", "10"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    b = json.loads((out / "bench.json").read_text())
-    row = b["sizes"]["150"]
-    assert row["records"] == 155
+    row = b["sizes"][str(size)]
+    assert row["records"] == size + ops  # the ops sample's captures stay
     for run in ("lexical", "hybrid", "hybrid_precomputed_vector", "query_encode"):
         assert row["search"][run]["p50"] > 0, run
     assert row["capture"]["ops_per_s"] > 0 and row["admission"]["ops_per_s"] > 0
     assert row["rebuild"]["seconds_per_10k"] > 0 and row["peak_rss_mib"] > 0
     assert b["machine"]["cores"] and b["machine"]["python"]
-    assert "| 150 |" in (out / "bench.md").read_text()
-    # every target ratio is reported; the MCP one through a real stdio server and SDK client
+    assert f"| {size} |" in (out / "bench.md").read_text()
     ratios = row["ratios"]
-    for key, entry in ratios.items():
-        assert "target" in entry, key
+    assert all("target" in entry for entry in ratios.values()), ratios
     mcp = [e for e in ratios.values() if "MCP" in e.get("label", "") or "serve" in e.get("label", "")]
     assert len(mcp) == 4 and all(e["measured"] for e in mcp), ratios  # searches, ingest, memory
-    assert row["mcp"]["ingest"]["documents"] == 10 and row["ingest_floor"]["documents"] == 10
+    assert row["mcp"]["ingest"]["documents"] == ingest and row["ingest_floor"]["documents"] == ingest
     # where a search's time goes, stage by stage: every stage ran inside the searches it timed
     stages = row["stages"]
-    assert stages["searches"] == 15 and stages["whole_p50"] > 0
+    assert stages["searches"] == queries and stages["whole_p50"] > 0
     assert all(ms > 0 for label, ms in stages["stages"].items() if label != "rerank stage"), stages
     assert "stage: fusion" in (out / "bench.md").read_text()
-    # --resume grows the same store on: the 155 records and the 10 the host ingested stay, no text is
-    # captured twice
-    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", "150,170", "--queries", "5",
-                                         "--ops-sample", "2", "--threads", "1", "--no-progress", "--resume",
-                                         "--no-mcp"],
+    # --resume: the records and those the host ingested stay, one more ops sample, then the larger size
+    result = CliRunner().invoke(_app(), ["bench", "--out", str(out), "--sizes", f"{size},{grown}", "--queries",
+                                         str(max(queries // 3, 1)), "--ops-sample", str(ops // 2), "--threads", "1",
+                                         "--no-progress", "--resume", "--no-mcp"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     b = json.loads((out / "bench.json").read_text())
-    assert b["sizes"]["150"]["bulk_ingest"]["records"] == 0 and b["sizes"]["150"]["records"] == 167
-    assert b["sizes"]["170"]["bulk_ingest"]["records"] == 3 and b["sizes"]["170"]["records"] == 172
-    assert b["sizes"]["170"]["rebuild"]["records"] == 172
+    resumed = size + ops + ingest + ops // 2
+    assert b["sizes"][str(size)]["bulk_ingest"]["records"] == 0 and b["sizes"][str(size)]["records"] == resumed
+    assert b["sizes"][str(grown)]["bulk_ingest"]["records"] == grown - resumed
+    assert b["sizes"][str(grown)]["records"] == grown + ops // 2
+    assert b["sizes"][str(grown)]["rebuild"]["records"] == grown + ops // 2
