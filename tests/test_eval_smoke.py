@@ -47,6 +47,24 @@ def _peer_available() -> bool:
     return unavailable() is None
 
 
+def checked_results(out: Path, docs: int, queries: int) -> dict:
+    """An eval run's files and results.json, checked for shape; the results."""
+    for name in ("results.json", "report.md", "report.png"):
+        assert (out / name).stat().st_size > 0, name
+    for ch in ("lexical", "semantic", "hybrid"):
+        trec = (out / "runs" / f"scifact.{ch}.trec").read_text().splitlines()
+        assert trec and len(trec[0].split()) == 6
+    r = json.loads((out / "results.json").read_text())
+    assert r["dataset"] == "scifact" and r["docs"] == docs and r["queries"] == queries
+    assert r["admitted"] + len(r["rejected"]) == docs
+    assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert set(r["runs"]) == {"baseline", "lexical", "semantic", "hybrid"}
+    for ch, scores in r["runs"].items():
+        assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
+        assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
+    return r
+
+
 def test_eval_small_slice_is_sane_and_deterministic(tmp_path: Path) -> None:
     """The default run's eval: every channel on 60 documents, then again from the reused store."""
     out, cache = tmp_path / "out", tmp_path / "cache"
@@ -54,19 +72,7 @@ def test_eval_small_slice_is_sane_and_deterministic(tmp_path: Path) -> None:
             "--cache-dir", str(cache), "--threads", "1", "--no-latency", "--no-progress"]
     result = CliRunner().invoke(_app(), args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    for name in ("results.json", "report.md", "report.png"):
-        assert (out / name).stat().st_size > 0, name
-    for ch in ("lexical", "semantic", "hybrid"):
-        trec = (out / "runs" / f"scifact.{ch}.trec").read_text().splitlines()
-        assert trec and len(trec[0].split()) == 6
-    r = json.loads((out / "results.json").read_text())
-    assert r["dataset"] == "scifact" and r["docs"] == 60 and r["queries"] == 20
-    assert r["admitted"] + len(r["rejected"]) == 60
-    assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert set(r["runs"]) == {"baseline", "lexical", "semantic", "hybrid"}
-    for ch, scores in r["runs"].items():
-        assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
-        assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
+    r = checked_results(out, docs=60, queries=20)
     # a floor well under the measured figures: on 60 documents every channel finds most answers
     for ch in ("lexical", "semantic", "hybrid"):
         assert r["runs"][ch]["ndcg@10"] > SMALL_FLOOR, (ch, r["runs"])
@@ -97,19 +103,7 @@ def test_eval_smoke(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     first_s = time.perf_counter() - t0
 
-    for name in ("results.json", "report.md", "report.png"):
-        assert (out / name).stat().st_size > 0, name
-    for ch in ("lexical", "semantic", "hybrid"):
-        trec = (out / "runs" / f"scifact.{ch}.trec").read_text().splitlines()
-        assert trec and len(trec[0].split()) == 6
-    r = json.loads((out / "results.json").read_text())
-    assert r["dataset"] == "scifact" and r["docs"] == 300 and r["queries"] == 100
-    assert r["admitted"] + len(r["rejected"]) == 300
-    assert r["model"]["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert set(r["runs"]) == {"baseline", "lexical", "semantic", "hybrid"}
-    for ch, scores in r["runs"].items():
-        assert set(scores) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "map@100"}
-        assert all(0.0 <= v <= 1.0 for v in scores.values()), (ch, scores)
+    r = checked_results(out, docs=300, queries=100)
     # sane, not just bounded: the subset is easy, every channel must find most answers
     assert r["runs"]["lexical"]["ndcg@10"] > 0.6 and r["runs"]["semantic"]["ndcg@10"] > 0.6
     for ch in ("lexical", "semantic"):
