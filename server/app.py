@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
-from engram_memory.server.admin_socket import admin_routes
+from engram_memory.server.admin.socket_routes import admin_routes
 from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder, wording
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher

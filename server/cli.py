@@ -21,12 +21,12 @@ from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 
-from engram_memory.server.admin_cli import admin_app  # noqa: E402
+from engram_memory.server.admin.app import admin_app  # noqa: E402
+from engram_memory.server.admin.rebuild import rebuild_index_cmd  # noqa: E402
 from engram_memory.server.config import ENV_PREFIX, ConfigError, ServeSettings, load_config  # noqa: E402
 from engram_memory.server.console.command import console_cmd  # noqa: E402
 from engram_memory.server.host_cli import host_app  # noqa: E402
 from engram_memory.server.logs import setup_stderr_logging  # noqa: E402
-from engram_memory.server.maintenance import rebuild_index_cmd  # noqa: E402
 
 EXIT_USAGE = 2  # config errors and a busy data dir: the host must fix its launch, not retry blindly
 

@@ -83,7 +83,7 @@ def session_owner(kid: str) -> AuthenticatedUser:
 def signed_http_app(server: Server[Any], ring: KeyRing, *, bind_host: str, remote: bool,
                     extra_routes: Sequence[Route] = ()) -> ASGIApp:
     """The SDK's streamable HTTP app at /mcp, /healthz beside it, the bearer check in front
-    (``extra_routes``: the owner socket's host-only backup route, server/admin_socket.py)."""
+    (``extra_routes``: the owner socket's host-only backup route, server/admin/socket_routes.py)."""
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if remote else None
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from engram_memory.server.admin_cli import DataDir, PgKeyFile, PgStore, _fail, _postgres, _refuse, _scope_ref
+from engram_memory.server.admin.options import DataDir, PgKeyFile, PgStore, _fail, _postgres, _refuse, _scope_ref
 
 DEFAULT_BIND = "127.0.0.1:8766"
 
@@ -56,7 +56,7 @@ def console_cmd(
             _serve_duckdb(data_dir, scope_ref, semantic, listener, host, port, allow_remote)
         else:
             assert pg.key_file is not None
-            from engram_memory.server.admin_cli import _pg_outcomes
+            from engram_memory.server.admin.options import _pg_outcomes
             from engram_memory.store.postgres.admin import admin_engine
 
             with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
@@ -67,7 +67,7 @@ def console_cmd(
 
 def _serve_duckdb(data_dir: Path | None, scope_ref: str | None, semantic: bool, listener: Any, host: str,
                   port: int, allow_remote: bool) -> None:
-    from engram_memory.server.admin_cli import _closed_store, _target
+    from engram_memory.server.admin.options import _closed_store, _target
     from engram_memory.server.config import ConfigError, load_config
     from engram_memory.store.backend import StoreBusyError
     from engram_memory.store.engine import Engine

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engram_memory.server.admin_cli import (
+from engram_memory.server.admin.options import (
     EXIT_INTERRUPTED,
     DataDir,
     JsonOut,
@@ -41,8 +41,9 @@ from engram_memory.server.admin_cli import (
     _short,
     _table,
     _target,
-    admin_app,
 )
+
+commands = typer.Typer()  # registered on admin_app by server/admin/app.py
 
 PROGRESS_EVERY_S = 2.0  # a plain progress line (stderr not a terminal) at most this often
 ScopeOpt = Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")]
@@ -82,7 +83,7 @@ def _engine(data_dir: Path | None, store: str | None, key_file: Path | None, *,
         engine.close()
 
 
-@admin_app.command("export")
+@commands.command("export")
 def export_cmd(
     scope: ScopeOpt,
     out: Annotated[Path, typer.Option("--out", help="The JSON Lines file to write (new; 0600).")],
@@ -115,7 +116,7 @@ def export_cmd(
           lambda: f"exported {records} current record(s) of {scope} to {out} ({size} bytes)")
 
 
-@admin_app.command("import")
+@commands.command("import")
 def import_cmd(
     scope: ScopeOpt,
     from_: Annotated[Path, typer.Option("--from", help="An engram-memory export, or an MCP memory server"

@@ -2,7 +2,7 @@
 
 Each is one journalled transition with the operator's reason (store/hostops.py). On a data dir a
 server holds (a stdio owner, a daemon, ``serve --http``), the command goes through the owner's
-local socket route (server/admin_socket.py), the way ``admin backup`` does, and the running
+local socket route (server/admin/socket_routes.py), the way ``admin backup`` does, and the running
 server applies it in process; on a data dir no server holds, the command opens the store itself;
 with ``--store URL --master-key-file F`` it runs on the live PostgreSQL store as an admin node,
 and every serving node follows from the journal. Never an MCP tool, method or argument.
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from engram_memory.server.admin_cli import (
+from engram_memory.server.admin.options import (
     DataDir,
     JsonOut,
     PgKeyFile,
@@ -35,8 +35,9 @@ from engram_memory.server.admin_cli import (
     _short,
     _table,
     _target,
-    admin_app,
 )
+
+commands = typer.Typer()  # registered on admin_app by server/admin/app.py
 
 Reason = Annotated[str, typer.Option("--reason", help="Why (journalled for good; screened for secrets).")]
 Record = Annotated[str, typer.Option("--record", help="The record id (mem_...).")]
@@ -68,7 +69,7 @@ def _run(operation: dict[str, Any], data_dir: Path | None, store: str | None, ke
         online = held_by_another(target) if target.is_dir() else False
         with _outcomes():
             if online:
-                from engram_memory.server.admin_socket import OwnerUnreachable, request_hostop
+                from engram_memory.server.admin.socket_routes import OwnerUnreachable, request_hostop
 
                 try:
                     with _busy(f"{operation['operation']} (through the running server)"):
@@ -106,14 +107,14 @@ def _offline(data_dir: Path, operation: dict[str, Any]) -> dict[str, Any]:
         engine.close()
 
 
-@admin_app.command("dispute")
+@commands.command("dispute")
 def dispute_cmd(record: Record, reason: Reason, data_dir: DataDir = None, store: PgStore = None,
                 master_key_file: PgKeyFile = None, json_out: JsonOut = False) -> None:
     """Dispute a current record: accepted_disputed, out of search and get until resolved."""
     _run({"operation": "dispute", "record_id": record, "reason": reason}, data_dir, store, master_key_file, json_out)
 
 
-@admin_app.command("resolve")
+@commands.command("resolve")
 def resolve_cmd(
     record: Record,
     reason: Reason,
@@ -131,7 +132,7 @@ def resolve_cmd(
          data_dir, store, master_key_file, json_out)
 
 
-@admin_app.command("supersede")
+@commands.command("supersede")
 def supersede_cmd(
     by: Annotated[str, typer.Option("--by", help="The current record that supersedes (same scope).")],
     reason: Reason,
@@ -152,7 +153,7 @@ def supersede_cmd(
     _run(operation, data_dir, store, master_key_file, json_out)
 
 
-@admin_app.command("revoke-trust")
+@commands.command("revoke-trust")
 def revoke_trust_cmd(
     scope: Annotated[str, typer.Option("--scope", help="The scope, as TENANT/WORKSPACE.")],
     reason: Reason,
@@ -178,7 +179,7 @@ def revoke_trust_cmd(
          data_dir, store, master_key_file, json_out, scope_ref)
 
 
-@admin_app.command("rewind")
+@commands.command("rewind")
 def rewind_cmd(
     record: Record,
     to_cursor: Annotated[int, typer.Option("--to-cursor", min=0, help="The scope's journal cursor to go back to.")],

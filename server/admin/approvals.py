@@ -4,7 +4,7 @@ without elicitation could not have its human confirm (store/approvals.py).
 ``approvals`` lists the requests awaiting a decision; ``approve`` runs one at once, under the
 agent's bound context (its answer goes into the idempotency ledger: the agent's retry with the
 same key answers it), ``deny`` refuses it (the retry answers gate_failed). Where the store is:
-through the owner's socket when a server holds the data dir (server/admin_socket.py), the data
+through the owner's socket when a server holds the data dir (server/admin/socket_routes.py), the data
 dir's own engine when none does, or the live PostgreSQL store with ``--store``/``--master-key-file``.
 An unknown, expired or already decided request is one line and exit status 1.
 """
@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from engram_memory.server.admin_cli import (
+from engram_memory.server.admin.options import (
     DataDir,
     JsonOut,
     PgKeyFile,
@@ -33,8 +33,9 @@ from engram_memory.server.admin_cli import (
     _short,
     _table,
     _target,
-    admin_app,
 )
+
+commands = typer.Typer()  # registered on admin_app by server/admin/app.py
 
 Request = Annotated[str, typer.Option("--request", help="The request id (apr_...), as admin approvals lists it.")]
 Reason = Annotated[str, typer.Option("--reason", help="Why (kept with the decision; screened for secrets).")]
@@ -42,9 +43,9 @@ Reason = Annotated[str, typer.Option("--reason", help="Why (kept with the decisi
 
 def _run(body: dict[str, Any], data_dir: Path | None, store: str | None, key_file: Path | None,
          what: str) -> dict[str, Any]:
-    """One approval request (store/approvals.py through server/admin_socket.approval_request), where
+    """One approval request (store/approvals.py through server/admin/socket_routes.approval_request), where
     the store is."""
-    from engram_memory.server.admin_socket import approval_request
+    from engram_memory.server.admin.socket_routes import approval_request
 
     pg = _postgres(store, key_file, data_dir)
     if pg is not None:
@@ -59,7 +60,7 @@ def _run(body: dict[str, Any], data_dir: Path | None, store: str | None, key_fil
     online = held_by_another(target) if target.is_dir() else False
     with _outcomes():
         if online:
-            from engram_memory.server.admin_socket import APPROVALS_PATH, OwnerUnreachable, request_hostop
+            from engram_memory.server.admin.socket_routes import APPROVALS_PATH, OwnerUnreachable, request_hostop
 
             try:
                 with _busy(f"{what} (through the running server)"):
@@ -75,7 +76,7 @@ def _offline(data_dir: Path, body: dict[str, Any]) -> dict[str, Any]:
     """The data dir's own engine, without the embedding model (a server started later embeds and
     indexes what changed)."""
     from engram_memory.models.settings import EngineSettings
-    from engram_memory.server.admin_socket import approval_request
+    from engram_memory.server.admin.socket_routes import approval_request
     from engram_memory.store.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
@@ -85,7 +86,7 @@ def _offline(data_dir: Path, body: dict[str, Any]) -> dict[str, Any]:
         engine.close()
 
 
-@admin_app.command("approvals")
+@commands.command("approvals")
 def approvals_cmd(scope: Scope = None, data_dir: DataDir = None, store: PgStore = None,
                   master_key_file: PgKeyFile = None, json_out: JsonOut = False) -> None:
     """List the requests awaiting the operator's approval (withdraw, forget, ... of a client without
@@ -118,7 +119,7 @@ def _decide(request: str, approve: bool, reason: str, data_dir: Path | None, sto
                                            [[k, v] for k, v in result.items() if k != "scope_ref"]))
 
 
-@admin_app.command("approve")
+@commands.command("approve")
 def approve_cmd(request: Request, reason: Reason, data_dir: DataDir = None, store: PgStore = None,
                 master_key_file: PgKeyFile = None, json_out: JsonOut = False) -> None:
     """Approve a request awaiting approval: it runs at once under the agent's context; the agent's
@@ -126,7 +127,7 @@ def approve_cmd(request: Request, reason: Reason, data_dir: DataDir = None, stor
     _decide(request, True, reason, data_dir, store, master_key_file, json_out)
 
 
-@admin_app.command("deny")
+@commands.command("deny")
 def deny_cmd(request: Request, reason: Reason, data_dir: DataDir = None, store: PgStore = None,
              master_key_file: PgKeyFile = None, json_out: JsonOut = False) -> None:
     """Deny a request awaiting approval: the agent's retry answers gate_failed."""

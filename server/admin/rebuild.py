@@ -1,4 +1,4 @@
-"""Host-only maintenance commands (never agent tools): rebuild-index.
+"""``engram-memory rebuild-index``: rebuild a store's search projections (a host-only command, never an agent tool).
 
 Every option is checked before any work, and a user error is one ``engram-memory: error:``
 line on stderr with exit code 2 (nothing on stdout, nothing created). Exit code 1 is a refusal
@@ -17,33 +17,10 @@ import typer
 
 from engram_memory.models.context import HOST_ID_PATTERN
 from engram_memory.models.settings import DEFAULT_MODEL, EMBEDDING_MODELS, EmbeddingModel
+from engram_memory.server.admin.options import EXIT_REFUSED, _check_model_path, _fail, _pair
 
 EXIT_DIFFERENCES = 1  # --verify found differences
-EXIT_REFUSED = 1  # a refusal naming its code (the admin commands' rule, server/admin_cli.py)
-EXIT_USAGE = 2  # a usage error: a bad option, no store there, a busy data dir
 KNOWN_SHOWN = 20  # scopes named in an unknown-scope error before "and N more"
-
-
-def _fail(message: str) -> typer.Exit:
-    sys.stderr.write(f"engram-memory: error: {message}\n")
-    sys.stderr.flush()
-    return typer.Exit(EXIT_USAGE)
-
-
-def _pair(scope_ref: str) -> str:
-    """``tenant:T/workspace:W`` as the operator wrote it: ``T/W``."""
-    from engram_memory.store.rebuild import scope_names
-
-    names = scope_names(scope_ref)
-    return f"{names[0]}/{names[1]}" if names else scope_ref
-
-
-def _check_model_path(model_path: Path) -> str | None:
-    """Why ``--model-path`` cannot be used (the same checks as ``serve``), or None."""
-    from engram_memory.retrieval.embedder import model_dir_problem
-
-    problem = model_dir_problem(model_path)
-    return None if problem is None else f"--model-path {problem}"
 
 
 def rebuild_index_cmd(

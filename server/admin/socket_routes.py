@@ -8,7 +8,7 @@ token only the data dir's user can read. DuckDB lets no second process read the 
 a server holds it, so the owner copies it (store/backup.py ``snapshot``, under its engine's
 write lock) and streams the tar back; the CLI writes it (``engram-memory admin backup``). A
 host operation is applied by the owner in process (store/hostops.py, under its engine's write
-lock), so its projections follow at once; the CLI prints the answer (server/admin_lifecycle.py).
+lock), so its projections follow at once; the CLI prints the answer (server/admin/lifecycle.py).
 """
 
 from __future__ import annotations

@@ -15,14 +15,16 @@ from typing import Annotated, Any
 
 import typer
 
-from engram_memory.server.admin_cli import (
+from engram_memory.server.admin.options import (
     DataDir,
     JsonOut,
     PgKeyFile,
     PgStore,
     Scope,
     _busy,
+    _check_model_path,
     _closed_store,
+    _emit,
     _fail,
     _outcomes,
     _pair,
@@ -33,9 +35,10 @@ from engram_memory.server.admin_cli import (
     _short,
     _table,
     _target,
-    admin_app,
 )
 from engram_memory.store.refusals import RECEIPT_MISMATCH
+
+commands = typer.Typer()  # registered on admin_app by server/admin/app.py
 
 ReceiptFile = Annotated[Path, typer.Option(
     "--receipt", help="A search response (the tool's whole value, or its envelope) or just its rank_receipt, as JSON.")]
@@ -92,7 +95,7 @@ def _differ(json_out: bool, data: dict[str, Any], lines: list[str], what: str) -
     return _refuse(RECEIPT_MISMATCH, f"{what} ({len(lines)} difference(s))")
 
 
-@admin_app.command("explain")
+@commands.command("explain")
 def explain_cmd(
     receipt: ReceiptFile,
     data_dir: DataDir = None,
@@ -125,8 +128,6 @@ def explain_cmd(
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
     if model_path is not None:
-        from engram_memory.server.maintenance import _check_model_path
-
         problem = _check_model_path(model_path)
         if problem:
             raise _fail(problem)
@@ -175,7 +176,7 @@ def explain_cmd(
         or [["", "(no record ranked)", "", ""]]))
 
 
-@admin_app.command("check-receipt")
+@commands.command("check-receipt")
 def check_receipt_cmd(
     receipt: ReceiptFile,
     query: Query = None,
@@ -207,8 +208,6 @@ def check_receipt_cmd(
             "receipt_digest": r["receipt_digest"], "system_as_of": r["system_as_of"], "ranked": len(r["ranked"])}
     if problems:
         raise _differ(json_out, data, problems, "the receipt is not consistent with its own content")
-    from engram_memory.server.admin_cli import _emit
-
     _emit(json_out, data, lambda: _table(
         "receipt consistent with its own content", ["field", "value"],
         [["checked", ", ".join(checked)], ["receipt_digest", r["receipt_digest"]],
