@@ -22,13 +22,12 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.context import ALL_TOOLS, TOOL_PREFIX
 from engram_memory.models.schema import input_schema
 from engram_memory.server.admin.socket_routes import admin_routes
-from engram_memory.server.binding import KeyRing, LaunchBinder, SignedBinder, wording
+from engram_memory.server.binding import KeyRing
 from engram_memory.server.config import LOOPBACK_HOSTS, ServeConfig
 from engram_memory.server.dispatch import Dispatcher
-from engram_memory.server.gate import ConfirmationGate, confirmation_gate
 from engram_memory.server.http import http_url, signed_http_app
+from engram_memory.server.launch import launch_dispatcher, open_engine, signed_dispatcher
 from engram_memory.server.local import bind_socket, ensure_local_key, local_ring, serve_socket, socket_path
-from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
 from engram_memory.server.stdio import stdio_server
 from engram_memory.server.tools import instructions
@@ -49,12 +48,6 @@ def server_version() -> str:
         return version("engram-memory")
     except PackageNotFoundError:  # running from a bare checkout
         return "0.0.0"
-
-
-def open_engine(cfg: ServeConfig) -> Engine:
-    """Open the store; raises StoreBusyError when another process holds the data dir."""
-    Path(cfg.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
 
 
 class NoEcho:
@@ -92,27 +85,9 @@ def tool_input_schema(name: str) -> dict[str, Any] | None:
     return input_schema(tool) if name.startswith(TOOL_PREFIX) and tool in ALL_TOOLS else None
 
 
-def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: ConfirmationGate | None = None) -> Dispatcher:
-    """stdio: the context the host bound at launch. ``engine`` is None exactly when memory is off."""
-    enabled = cfg.memory_enabled and engine is not None
-    gate = gate or confirmation_gate(cfg)
-    binder = LaunchBinder(cfg.host_context() if enabled else None, cfg.tools, gate, wording(cfg))
-    return Dispatcher(engine if enabled else None, binder, limiter_for(cfg))
-
-
-def signed_dispatcher(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Dispatcher:
-    """HTTP and the local socket: each call carries a context signed by a host in ``ring``."""
-    return Dispatcher(engine, SignedBinder(ring, wording=wording(cfg), replay=engine.db.replay_guard()),
-                      limiter_for(cfg))
-
-
 def signed_server(cfg: ServeConfig, engine: Engine, ring: KeyRing) -> Server[Any]:
     """The MCP server of the TCP listener and of the owner socket alike."""
     return build_server(signed_dispatcher(cfg, engine, ring), instructions(cfg.semantic))
-
-
-def limiter_for(cfg: ServeConfig) -> RateLimiter:
-    return RateLimiter(cfg.rate_limit, cfg.rate_burst)
 
 
 async def serve_stdio(cfg: ServeConfig) -> None:

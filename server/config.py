@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
-import tomllib
 import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from engram_memory.models.settings import (
     default_data_dir,
     parse_bytes,
 )
+from engram_memory.server.configfile import ConfigError, read_toml
 
 __all__ = [
     "CONTEXT_KEYS",
@@ -89,10 +89,6 @@ def check_bind(text: str, flag: str, allow_remote: bool) -> tuple[str, int]:
     if host not in LOOPBACK_HOSTS and not allow_remote:
         raise ValueError(f"{flag} {text} is not a loopback address; add --allow-remote to bind it")
     return host, port
-
-
-class ConfigError(ValueError):
-    """The launch configuration is unusable; the message is one line for the operator."""
 
 
 class ServeSettings(BaseSettings, EngineSettings):
@@ -359,19 +355,6 @@ class _EnvSource(EnvSettingsSource):
                 word = value.strip().lower()
                 data[key] = True if word in _TRUE else False if word in _FALSE else value
         return data
-
-
-def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """A TOML file the operator wrote; ``what`` names it in the one-line refusals."""
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror}") from None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from engram_memory.models.hostauth import (
     private_pem,
     public_pem,
 )
-from engram_memory.server.config import ConfigError, read_toml
+from engram_memory.server.configfile import ConfigError, read_toml
 
 DEFAULT_SERVER_ID = "engram-local"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -48,6 +48,7 @@ from engram_memory.server.dispatch import (
     to_mcp_error,
 )
 from engram_memory.server.gate import Approval, GateFailed, OperatorApproval, confirmation_gate
+from engram_memory.server.launch import launch_dispatcher, open_engine
 from engram_memory.server.local import LocalKey, connect_owner, read_local_key
 from engram_memory.server.tools import MUTATING
 from engram_memory.store.backend import StoreBusyError
@@ -118,8 +119,6 @@ class StdioFront:
                 await anyio.sleep(1.0)
 
     async def _acquire(self, patience: float = TAKEOVER_S) -> None:
-        from engram_memory.server.app import launch_dispatcher, open_engine
-
         deadline = time.monotonic() + patience
         while True:
             try:

@@ -271,8 +271,9 @@ async def engine_without_model(data_dir: Path) -> AsyncIterator[InProcess]:
     engine must keep answering, lexically, and say the semantic channel is unavailable."""
     from mcp import Client
 
-    from engram_memory.server.app import build_server, launch_dispatcher, open_engine
+    from engram_memory.server.app import build_server
     from engram_memory.server.config import load_config
+    from engram_memory.server.launch import launch_dispatcher, open_engine
     from engram_memory.server.tools import instructions
 
     cfg = load_config(CONTEXT | {"tools": ALL, "data_dir": data_dir, "model_path": Path("/nonexistent")})

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from mcp import Client
 
-from engram_memory.server.app import build_server, launch_dispatcher, open_engine
+from engram_memory.server.app import build_server
 from engram_memory.server.config import load_config
+from engram_memory.server.launch import launch_dispatcher, open_engine
 from engram_memory.server.tools import instructions
 from tests.conftest import CONTEXT, capture_args, check_result, search_args
 
