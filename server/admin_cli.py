@@ -4,7 +4,7 @@ verify, backup, restore, expire, adjudicate, history, candidates and rotate-mast
 and migrate (DuckDB -> PostgreSQL); export and import (server/admin_transfer.py). Each
 prints a table (stdout) or, with ``--json``, one JSON document. A mistake of the operator is
 one ``engram-memory: error:`` line and exit 2; a refusal is one line naming its code
-(store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY, STORE_INCONSISTENT,
+(store/core/refusals.py: BACKUP_INVALID, RESTORE_REFUSED, JOURNAL_CORRUPT, STORE_BUSY, STORE_INCONSISTENT,
 NOT_ADJUDICABLE) and exit 1. Only ``backup`` runs alongside a server (the owner makes the copy
 over its socket); every other command refuses while another process holds the data dir.
 On a PostgreSQL store (``--store URL --master-key-file FILE``, or ENGRAM_STORE and
@@ -27,12 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from engram_memory.models.context import HOST_ID_PATTERN
-from engram_memory.store.refusals import STORE_INCONSISTENT
+from engram_memory.store.core.refusals import STORE_INCONSISTENT
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # SIGINT (128 + 2), as a shell reports it
-# What verify says when every problem is of the kind an interrupted write leaves (store/verify.py).
+# What verify says when every problem is of the kind an interrupted write leaves (store/maintenance/verify.py).
 RECOVERABLE = ("all of the recoverable kind an interrupted write (a crash, a kill) leaves, nothing lost: the next"
                " open repairs it (start the server on the store, or run the interrupted command again)")
 
@@ -72,7 +72,7 @@ def _refuse(code: str, message: str) -> typer.Exit:
 @contextmanager
 def _outcomes() -> Iterator[None]:
     """Store refusals and usage errors as one line each (no traceback)."""
-    from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+    from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
 
     try:
         yield
@@ -99,7 +99,7 @@ def _scope_ref(scope: str | None) -> str | None:
 
 
 def _pair(scope_ref: str) -> str:
-    from engram_memory.store.rebuild import scope_names
+    from engram_memory.store.maintenance.rebuild import scope_names
 
     names = scope_names(scope_ref)
     return f"{names[0]}/{names[1]}" if names else scope_ref
@@ -141,7 +141,7 @@ def _pg_outcomes() -> Iterator[None]:
     key) is a launch mistake: one line, exit 2, as a node's launch; a lost connection mid-command
     is STORE_UNAVAILABLE (exit 1). Admin refusals as everywhere (``_outcomes``)."""
     from engram_memory.store.backend import StoreRefused, is_store_error
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.refusals import STORE_BUSY
 
     try:
         with _outcomes():
@@ -180,8 +180,8 @@ def _closed_store(data_dir: Path, scope_ref: str | None = None) -> list[str]:
     """Check that ``data_dir`` holds a store no other process holds (and the scope, if given);
     read-only, nothing created. Returns the store's scopes."""
     from engram_memory.store.backend import StoreBusyError
-    from engram_memory.store.rebuild import NoStoreError, existing_scopes
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.refusals import STORE_BUSY
+    from engram_memory.store.maintenance.rebuild import NoStoreError, existing_scopes
 
     try:
         scopes = existing_scopes(data_dir)
@@ -229,7 +229,7 @@ def _busy(message: str) -> Any:
 
 
 def _now() -> int:
-    from engram_memory.store.timeutil import default_clock
+    from engram_memory.store.core.timeutil import default_clock
 
     return default_clock()()
 
@@ -248,7 +248,7 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
     fails, STORE_INCONSISTENT for anything else."""
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.verify import verify_postgres, verify_store
+    from engram_memory.store.maintenance.verify import verify_postgres, verify_store
 
     if pg is not None:
         assert pg.key is not None and pg.key_file is not None
@@ -317,7 +317,7 @@ def backup_cmd(
     format as a DuckDB store's (restorable into either backend); it carries no projections (each
     node rebuilds its own). PostgreSQL's own tools (pg_dump, base backups) also work, but a dump
     holds keys wrapped by the master key: keep the two apart."""
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     pg = _postgres(store, master_key_file, data_dir)
     target = _target(data_dir)
@@ -370,7 +370,7 @@ def _emit_backup(json_out: bool, report: Any, online: bool, title: str) -> None:
 
 
 def _backup_postgres(pg: _Pg, out: Path, key_path: Path, json_out: bool) -> None:
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     assert pg.key is not None and pg.key_file is not None
     key = bk.new_backup_key()
@@ -411,7 +411,7 @@ def restore_cmd(
     With --store URL --master-key-out FILE: into an empty PostgreSQL store (a backup of either
     backend), its keys re-wrapped under a new master key written to FILE (only if the restore
     commits); a store that is initialised or holds any row is refused (RESTORE_REFUSED)."""
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     target = _target(data_dir)
     key_path = key or from_.with_name(from_.name + ".key")
@@ -447,8 +447,8 @@ def restore_cmd(
 
 
 def _restore_postgres(url: str, from_: Path, key_path: Path, master_key_out: Path | None, json_out: bool) -> None:
-    from engram_memory.store import backup as bk
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
+    from engram_memory.store.maintenance import backup as bk
 
     if master_key_out is None:
         raise _fail("--store needs --master-key-out FILE: where the restored store's master key is written")
@@ -484,7 +484,7 @@ def expire_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
     its projections when it catches up from the journal (at once, or before its next read)."""
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.expire import expire, expire_with
+    from engram_memory.store.host.expire import expire, expire_with
 
     if pg is not None:
         assert pg.key_file is not None
@@ -522,7 +522,7 @@ def adjudicate_cmd(
     if accept is None:
         raise _fail("say --accept or --reject")
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.adjudicate import adjudicate, adjudicate_with, check_reason
+    from engram_memory.store.host.adjudicate import adjudicate, adjudicate_with, check_reason
 
     with _outcomes():
         check_reason(reason)  # before the store is touched
@@ -588,7 +588,7 @@ def history_cmd(
     """A scope's journal: cursors, operations, ids, hashes and each event's own instant (never content).
 
     With --store: the PostgreSQL store's journal, live (--master-key-file optional: nothing is decrypted)."""
-    from engram_memory.store.history import journal, journal_listing
+    from engram_memory.store.host.history import journal, journal_listing
 
     events = _listing(scope, data_dir, store, master_key_file,
                       lambda inspector, ref: journal_listing(inspector.journal_tail(ref, limit)),
@@ -611,7 +611,7 @@ def candidates_cmd(
     """A scope's pending candidates: ids, principals, cursors, times, digests (never content).
 
     With --store: the PostgreSQL store's, live (--master-key-file optional: nothing is decrypted)."""
-    from engram_memory.store.history import candidate_listing, pending_candidates
+    from engram_memory.store.host.history import candidate_listing, pending_candidates
 
     rows = _listing(scope, data_dir, store, master_key_file,
                     lambda inspector, ref: candidate_listing(inspector.pending_candidates(ref)), pending_candidates)
@@ -653,7 +653,7 @@ def rotate_cmd(
                         " keeps its master key in its data dir")
         target = _target(data_dir)
         _closed_store(target)
-        from engram_memory.store.rotation import rotate_master_key
+        from engram_memory.store.maintenance.rotation import rotate_master_key
 
         with _outcomes(), _busy("re-wrapping data keys"):
             count = rotate_master_key(target)
@@ -668,7 +668,7 @@ def rotate_cmd(
     if not master_key_out.absolute().parent.is_dir():
         raise _fail(f"--master-key-out {master_key_out}: no such directory {master_key_out.absolute().parent}")
     assert pg.key is not None and pg.key_file is not None
-    from engram_memory.store.rotation import rotate_postgres
+    from engram_memory.store.maintenance.rotation import rotate_postgres
 
     with _pg_outcomes(), _busy("re-wrapping data keys"):
         try:
@@ -709,7 +709,7 @@ def init_store_cmd(
     """Create the schema of an empty PostgreSQL store and a new master key file for it."""
     url = _store_url(store)
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
 
     try:
         with new_key_file(master_key_out) as key:
@@ -760,9 +760,9 @@ def migrate_cmd(
     from rich.progress import Progress
 
     from engram_memory.store.backend import StoreBusyError, StoreRefused, is_store_error
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
+    from engram_memory.store.core.refusals import STORE_BUSY
     from engram_memory.store.postgres.migrate import MigrateUsageError, counts, migrate_store
-    from engram_memory.store.refusals import STORE_BUSY
 
     try:
         total = sum(counts(from_).values())

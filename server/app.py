@@ -32,7 +32,7 @@ from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
 from engram_memory.server.stdio import stdio_server
 from engram_memory.server.tools import instructions
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
 

@@ -129,7 +129,7 @@ class NewRecord:
     key_ref: str
     body: bytes
     event_at: int | None
-    event_kind: str | None  # the keyed digest of primary_event.type_ref (store/lifecycle.py event_kind)
+    event_kind: str | None  # the keyed digest of primary_event.type_ref (store/core/lifecycle.py event_kind)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class JournalChange:
     shared store): ``current`` says whether the record is current (searchable) after it."""
 
     cursor: int
-    operation: str  # accept, tombstone, expire, or a host operation (store/hostops.py)
+    operation: str  # accept, tombstone, expire, or a host operation (store/host/hostops.py)
     record_id: str
     current: bool
 
@@ -197,7 +197,7 @@ def names_record(events: Sequence[dict[str, Any]], record_id: str) -> list[dict[
 
 @dataclass(frozen=True)
 class LiveWindow:
-    """What a scope view keeps of a current record (store/live.py), undecrypted."""
+    """What a scope view keeps of a current record (store/core/live.py), undecrypted."""
 
     record_id: str
     valid_t: Any
@@ -211,7 +211,7 @@ class LiveWindow:
 
 
 class KeyRing(Protocol):
-    """Data keys wrapped by the master key, one per candidate or record (store/crypto.py says how
+    """Data keys wrapped by the master key, one per candidate or record (store/core/crypto.py says how
     they are used); destroying one crypto-shreds everything sealed with it."""
 
     server_secret: bytes  # authenticates page cursors: the same on every node of a store
@@ -441,7 +441,7 @@ class Store(Protocol):
     # audit
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None: ...
 
-    # requests awaiting an operator's approval (store/approvals.py; columns: APPROVAL_COLUMNS)
+    # requests awaiting an operator's approval (store/host/approvals.py; columns: APPROVAL_COLUMNS)
     def approval_insert(self, row: Sequence[Any]) -> bool:
         """Park a request; False if (scope, principal, key digest) already has one."""
         ...

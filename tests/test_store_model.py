@@ -1,4 +1,4 @@
-"""A store remembers its embedding model (store/embedding_model.py), on both backends: a new store
+"""A store remembers its embedding model (store/core/embedding_model.py), on both backends: a new store
 records the model it is created with (name, then id and digest once loaded), a later open without
 a model uses it, another model named is refused, and a switch (rebuild-index) records the new one."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from engram_memory.models.settings import DEFAULT_MODEL, EngineSettings
 from engram_memory.retrieval.embedder import PACKAGED_MODEL_ID
-from engram_memory.store.embedding_model import ModelMismatch
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.embedding_model import ModelMismatch
+from engram_memory.store.core.engine import Engine
 from tests.conftest import Backend
 
 

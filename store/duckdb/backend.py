@@ -42,7 +42,7 @@ from engram_memory.store.backend import (
     names_record,
     register_store_errors,
 )
-from engram_memory.store.dirlock import lock_data_dir
+from engram_memory.store.core.dirlock import lock_data_dir
 from engram_memory.store.duckdb.schema import migrate, rewrite_if_pending
 
 register_store_errors(duckdb.Error)
@@ -113,7 +113,7 @@ class Database:
         self.con.execute(f"SET memory_limit = '{int(mib)}MB'")
 
     def key_ring(self) -> KeyRing:
-        from engram_memory.store.crypto import KeyStore  # key files beside the database
+        from engram_memory.store.core.crypto import KeyStore  # key files beside the database
 
         return KeyStore(self.data_dir)
 

@@ -1,7 +1,7 @@
 """What ``admin verify`` reads of a stopped DuckDB store: one read-only connection, named queries.
 
 Table-level checks (rows under unlisted scopes, columns against hashed bodies) are about how this
-backend lays the data out, so the queries stay here and store/verify.py keeps the rules."""
+backend lays the data out, so the queries stay here and store/maintenance/verify.py keeps the rules."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 
 @contextmanager

@@ -58,10 +58,10 @@ from engram_memory.store.backend import (
     names_record,
     register_store_errors,
 )
-from engram_memory.store.crypto import unwrap, wrap
-from engram_memory.store.dirlock import lock_data_dir
+from engram_memory.store.core.crypto import unwrap, wrap
+from engram_memory.store.core.dirlock import lock_data_dir
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 from engram_memory.store.postgres.schema import migrate
-from engram_memory.store.timeutil import to_instant, wall_clock
 
 register_store_errors(psycopg.Error)
 

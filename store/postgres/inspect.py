@@ -4,7 +4,7 @@ The store is live (nodes keep writing), so every read of one command happens in 
 ``REPEATABLE READ READ ONLY`` transaction: ``admin verify`` sees the journal, the rows and the
 wrapped keys as of one instant, and each mutation is one transaction, so a snapshot never holds
 half of one. The same method names as store/duckdb/inspect.py's ``StoreInspector``, so
-store/verify.py keeps the rules for both backends; the data keys live in rows here, so the key
+store/maintenance/verify.py keeps the rules for both backends; the data keys live in rows here, so the key
 questions (does one exist, does it open, which are orphans) are answered here too.
 """
 
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
 from engram_memory.store.backend import StoreRefused
-from engram_memory.store.crypto import unwrap
+from engram_memory.store.core.crypto import unwrap
 from engram_memory.store.postgres.backend import CONNECT_TIMEOUT_S, ORPHAN_KEY_GRACE, SECRET_REF, fingerprint
 
 TABLES = ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency")
@@ -250,7 +250,7 @@ class PostgresInspector:
             " WHERE e.scope_ref = %s AND e.model_digest = %s AND r.state = %s ORDER BY e.record_id",
             [scope_ref, model_digest, state])]
 
-    # -- what history and candidates list (store/history.py) ------------------------------
+    # -- what history and candidates list (store/host/history.py) ------------------------------
 
     def journal_tail(self, scope_ref: str, limit: int | None = None) -> list[tuple[int, str, str]]:
         """(cursor, body, event_hash), newest first (the last ``limit``)."""

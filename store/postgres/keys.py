@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.store.backend import StoreRefused
-from engram_memory.store.crypto import unwrap, wrap
+from engram_memory.store.core.crypto import unwrap, wrap
 from engram_memory.store.postgres.backend import NODE_LIVE_S, SECRET_REF, fingerprint
 from engram_memory.store.postgres.inspect import check_identity, connect
 

@@ -33,12 +33,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.store.backend import EMBEDDING_MODEL_KEY, RECORD_COLUMNS, StoreBusyError, StoreRefused
-from engram_memory.store.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
+from engram_memory.store.core.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 from engram_memory.store.duckdb.backend import STORE_FILE, held_if_present
 from engram_memory.store.duckdb.schema import MIGRATIONS as DUCKDB_MIGRATIONS
 from engram_memory.store.postgres.backend import SECRET_REF, connect_pool, fingerprint
 from engram_memory.store.postgres.schema import migrate as migrate_schema
-from engram_memory.store.timeutil import to_instant, wall_clock
 
 BATCH = 2000  # rows fetched from DuckDB at a time
 

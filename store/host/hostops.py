@@ -21,9 +21,9 @@ from typing import Any
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import Operation, RecordState, next_state
-from engram_memory.store.adjudicate import check_reason
-from engram_memory.store.refusals import ILLEGAL_TRANSITION, NOTHING_MATCHES, AdminRefusal, AdminUsageError
-from engram_memory.store.timeutil import to_instant
+from engram_memory.store.core.refusals import ILLEGAL_TRANSITION, NOTHING_MATCHES, AdminRefusal, AdminUsageError
+from engram_memory.store.core.timeutil import to_instant
+from engram_memory.store.host.adjudicate import check_reason
 
 CURRENT = RecordState.ACCEPTED_CURRENT.value
 # What revoke-trust may name a record's support by (exactly one per call).

@@ -21,14 +21,15 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
+from engram_memory.models.context import scope_names  # noqa: F401  (server/ still imports it from here)
 from engram_memory.models.settings import EmbeddingModel, EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
 from engram_memory.store.backend import StoreBusyError
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.lifecycle import lexical_fields
 from engram_memory.store.duckdb import stopped
 from engram_memory.store.duckdb.backend import STORE_FILE
-from engram_memory.store.engine import Engine
-from engram_memory.store.lifecycle import lexical_fields
 
 PROBES = 200
 LOCK_FILE = ".lock"  # store/duckdb/backend.py Database's advisory lock
@@ -48,14 +49,6 @@ class UnknownScopeError(LookupError):
     def __init__(self, scope_ref: str, known: list[str]) -> None:
         super().__init__(f"unknown scope {scope_ref}")
         self.scope_ref, self.known = scope_ref, known
-
-
-def scope_names(scope_ref: str) -> tuple[str, str] | None:
-    """``tenant:T/workspace:W`` -> (T, W); None for anything else. Host ids never contain '/'."""
-    tenant, sep, workspace = scope_ref.partition("/")
-    if sep and tenant.startswith("tenant:") and workspace.startswith("workspace:"):
-        return tenant.removeprefix("tenant:"), workspace.removeprefix("workspace:")
-    return None
 
 
 def _held_by_another(data_dir: Path) -> bool:
@@ -153,7 +146,7 @@ def build_aside(aside: Path, like: Projections, scope_ref: str, records: list[di
 def compare_projections(live: Projections, built: Projections, scope_ref: str, records: list[dict[str, Any]],
                         vectors: tuple[list[str], np.ndarray] | None) -> list[str]:
     """How the live projections of a scope differ from a fresh rebuild (counts, probe rankings);
-    shared by ``rebuild-index --verify`` and the store verifier (store/verify.py)."""
+    shared by ``rebuild-index --verify`` and the store verifier (store/maintenance/verify.py)."""
     diffs = []
     live_lex, new_lex = live.lexical(scope_ref), built.lexical(scope_ref)
     if live_lex.count() != new_lex.count():
@@ -185,7 +178,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
     rebuilt from the shared store (which other nodes keep serving meanwhile).
 
     Without ``model``/``model_path`` the store's own model is used; with one, the store switches to
-    it (every record is re-embedded, and the store records it: store/embedding_model.py)."""
+    it (every record is re-embedded, and the store records it: store/core/embedding_model.py)."""
     switch = model is not None or model_path is not None
     settings = EngineSettings(data_dir=data_dir, model=model, model_path=model_path, semantic=semantic, store=store,
                               master_key_file=master_key_file)

@@ -50,7 +50,7 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.settings import DUCKDB_STORE_FILE
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
-from engram_memory.store.crypto import (
+from engram_memory.store.core.crypto import (
     KEYS_DIR,
     _write_private,
     fan_out,
@@ -61,9 +61,9 @@ from engram_memory.store.crypto import (
     unwrap,
     wrap,
 )
+from engram_memory.store.core.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped, journal_hashes
-from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
-from engram_memory.store.timeutil import to_instant, wall_clock
 
 FORMAT = "engram-memory-backup/1"
 STORE_FILE = DUCKDB_STORE_FILE
@@ -160,7 +160,7 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
     data_dir = Path(engine.config.data_dir)
     staging = Path(tempfile.mkdtemp(prefix=".backup-", dir=data_dir))
     try:
-        with engine._rw.write():  # the engine's own write lock (store/rwlock.py): nothing changes meanwhile
+        with engine._rw.write():  # the engine's own write lock (store/core/rwlock.py): nothing changes meanwhile
             db = engine.db
             sid = db.store_id()
             heads = {scope: {"cursor": str(hw), "event_hash": h} for scope, (hw, h) in db.heads().items()}
@@ -222,7 +222,7 @@ def last_backup(data_dir: Path) -> dict[str, Any] | None:
 def backup_offline(data_dir: Path, out: Path, backup_key: bytes) -> dict[str, Any]:
     """The backup of a store no process holds: open it (without the embedding model) and snapshot."""
     from engram_memory.models.settings import EngineSettings
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
@@ -359,7 +359,7 @@ def ahead_of(target: dict[str, tuple[int, str]], backup: dict[str, Any], staged_
 
     ``staged_hashes``: the backup's event hash at the target's head cursor (where the backup
     reaches it), so a target that went on from an older point on another path is caught too."""
-    from engram_memory.store.rebuild import scope_names
+    from engram_memory.models.context import scope_names
 
     def name(scope: str) -> str:
         names = scope_names(scope)
@@ -433,7 +433,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path, *, force: bool = Fa
 
 def held_by_another(data_dir: Path) -> bool:
     """Whether a running process holds the data dir (its advisory lock)."""
-    from engram_memory.store.rebuild import _held_by_another
+    from engram_memory.store.maintenance.rebuild import _held_by_another
 
     return _held_by_another(data_dir)
 

@@ -17,7 +17,7 @@ an absent or foreign directory with NoStoreError, as ``rebuild-index`` does). It
   every record not forgotten holding its key file and sealed body, every embedding row belonging
   to a record whose key still exists;
 * projections (``deep``): the live Tantivy/vector projections equal a fresh rebuild built aside
-  (store/rebuild.py's comparison), on a copy, so nothing under the data directory changes. A
+  (store/maintenance/rebuild.py's comparison), on a copy, so nothing under the data directory changes. A
   projection whose cursor lags the journal is reported as stale (the next open rebuilds it
   before use), not as a difference.
 
@@ -39,19 +39,19 @@ from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_dig
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import KEY_PREFIX, KEYS_DIR, KeyStore, find_key_file, key_files, open_sealed
+from engram_memory.store.core.crypto import KEY_PREFIX, KEYS_DIR, KeyStore, find_key_file, key_files, open_sealed
+from engram_memory.store.core.lifecycle import Lifecycle, pending_context, record_context
+from engram_memory.store.core.refusals import JOURNAL_CORRUPT
 from engram_memory.store.duckdb.backend import held_if_present
 from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
-from engram_memory.store.hostops import state_after
-from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
-from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
-from engram_memory.store.refusals import JOURNAL_CORRUPT
+from engram_memory.store.host.hostops import state_after
+from engram_memory.store.maintenance.rebuild import build_aside, compare_projections, existing_scopes
 
 if TYPE_CHECKING:  # psycopg is the `postgres` extra: imported only when a PostgreSQL store is verified
     from engram_memory.store.postgres.inspect import PostgresInspector
 
 MAX_LISTED = 10  # per check and scope: beyond that, a count
-# Fields a record adds to its payload (store/lifecycle.py _build_record).
+# Fields a record adds to its payload (store/core/lifecycle.py _build_record).
 RECORD_FIELDS = frozenset({"payload_digest", "recorded_at", "recorded_cursor", "authorization_receipt_digest",
                            "trust", "record_digest", "record_id"})
 CANDIDATE_EVENT = {CandidateState.ACCEPTED: Operation.ACCEPT.value, CandidateState.REJECTED: Operation.REJECT.value,
@@ -284,7 +284,7 @@ class _Verifier:
         _listed(problems, "records without an accepted candidate",
                 [rid for rid, cid, _ in records if states.get(cid) != CandidateState.ACCEPTED])
         # Each record's state is the one its journal events leave it in (accept, the host
-        # operations of store/hostops.py, expire, tombstone), folded in cursor order.
+        # operations of store/host/hostops.py, expire, tombstone), folded in cursor order.
         folded: dict[str, str] = {}
         for row in self.store.journal_rows(scope_ref):
             try:

@@ -12,8 +12,8 @@ import secrets
 from pathlib import Path
 
 from engram_memory.retrieval._files import fsync_dir
-from engram_memory.store.crypto import KeyStore
-from engram_memory.store.refusals import STORE_BUSY, AdminRefusal
+from engram_memory.store.core.crypto import KeyStore
+from engram_memory.store.core.refusals import STORE_BUSY, AdminRefusal
 
 
 def rotate_master_key(data_dir: Path) -> int:
@@ -38,7 +38,7 @@ def rotate_postgres(url: str, old_key_file: Path, old_key: bytes, out: Path) -> 
     failed write would leave the store under a key nobody has. If the rotation does not commit the
     file is shredded, so a refusal leaves no file; only a crash in between can leave one, holding
     a key the store does not know (harmless: every command refuses it). Raises FileExistsError."""
-    from engram_memory.store.crypto import shred
+    from engram_memory.store.core.crypto import shred
     from engram_memory.store.opening import MASTER_KEY_BYTES
     from engram_memory.store.postgres.keys import rotate_master_key as rotate
 

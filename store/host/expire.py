@@ -14,7 +14,7 @@ from engram_memory.models.settings import EngineSettings
 
 def expire(data_dir: Path, scope_ref: str | None, now: int) -> dict[str, list[str]]:
     """scope_ref -> the record ids expired (scopes with none are listed with an empty list)."""
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
