@@ -87,6 +87,9 @@ def test_an_older_store_with_vectors_records_only_a_named_model(tmp_path: Path) 
         engine.close()
     engine = Engine.open(EngineSettings(data_dir=tmp_path, model=DEFAULT_MODEL))
     try:
+        # The model loads on a background thread that then uses the store's connection: this test reads
+        # that connection directly (an engine call would take the engine's lock), so it waits first.
+        assert engine.wait_semantic(300)
         assert json.loads(engine.db.embedding_model() or "{}")["model"] == DEFAULT_MODEL
     finally:
         engine.close()
