@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_memory.server.console.plot import activity_svg
 from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
-from engram_memory.store.host import console_ops, console_reads
+from engram_memory.store.console import console_ops, console_reads
 
 HERE = Path(__file__).parent
 COOKIE = "engram_console"
