@@ -263,9 +263,9 @@ def _manifest(col: Collection, mapping: str) -> dict[str, Any]:
                 "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs),
                 "admission_policy": admission_policy_ref()}
     if _STORE:  # a cache built on one store is never reused on another (DuckDB manifests unchanged)
-        from engram_memory.store.postgres.url import redact_url
+        from engram_memory.store.opening import shared
 
-        manifest["store"] = redact_url(_STORE["store"])
+        manifest["store"] = shared(_STORE["store"]).redact_url(_STORE["store"])
     return manifest
 
 

@@ -58,17 +58,12 @@ def held(engine: Engine) -> Iterator[None]:
 
 
 def _rows(engine: Engine, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """A named console query (store/duckdb/console.py, store/postgres/console.py) on the engine's store."""
-    db: Any = engine.db
-    if db.shared:
-        from engram_memory.store.postgres import console as pg
-
-        return pg.rows(db, query, params)
-    from engram_memory.store.duckdb import console as duck
-
+    """A named console query (``Store.console_rows``: store/duckdb/console.py, store/postgres/console.py)."""
+    if engine.db.shared:  # a node reads through its pool
+        return engine.db.console_rows(query, params)
     # The engine's read side excludes its own writes; each thread reads on its own cursor.
     with engine._rw.read():
-        return duck.rows(db, query, params)
+        return engine.db.console_rows(query, params)
 
 
 def scope_pair(scope_ref: str) -> str:

@@ -10,7 +10,6 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from engram_memory.store.backend import (
     RecordStatus,
     ReplayGuard,
     SealedRecord,
+    StoppedStore,
     StoreBusyError,
     StoreError,
     journal_changes_of,
@@ -430,6 +430,11 @@ class Database:
 
     # -- audit ---------------------------------------------------------------------------
 
+    def console_rows(self, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        from engram_memory.store.duckdb.console import rows
+
+        return rows(self, query, params)
+
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows in one multi-row INSERT (DuckDB's executemany pays its per-statement cost per row),
         on the calling thread's own connection."""
@@ -731,16 +736,6 @@ class DuckDBUnitOfWork:
                 + " ON CONFLICT DO NOTHING",
                 [value for row in rows for value in row],
             )
-
-
-@dataclass(frozen=True)
-class StoppedStore:
-    """What a restore checks of a stopped store: its identity, where it journalled forgets, and
-    each scope's journal head (high_water, last_event_hash)."""
-
-    store_id: str | None
-    tombstones: list[tuple[str, int]]
-    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def inspect_stopped(data_dir: Path) -> StoppedStore:

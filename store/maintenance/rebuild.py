@@ -25,11 +25,10 @@ from engram_memory.models.context import scope_names  # noqa: F401  (server/ sti
 from engram_memory.models.settings import EmbeddingModel, EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
-from engram_memory.store.backend import StoreBusyError
+from engram_memory.store.backend import NotAStoreError, StoreBusyError
 from engram_memory.store.core.engine import Engine
 from engram_memory.store.core.lifecycle import lexical_fields
-from engram_memory.store.duckdb import stopped
-from engram_memory.store.duckdb.backend import STORE_FILE
+from engram_memory.store.opening import embedded
 
 PROBES = 200
 LOCK_FILE = ".lock"  # store/duckdb/backend.py Database's advisory lock
@@ -76,16 +75,21 @@ def existing_scopes(data_dir: Path) -> list[str]:
             raise NoStoreError(data_dir, "the directory does not exist")
         if not data_dir.is_dir():
             raise NoStoreError(data_dir, "not a directory")
-        if not (data_dir / STORE_FILE).is_file():
-            raise NoStoreError(data_dir, f"no {STORE_FILE}")
+        store_file = embedded().store_file
+        if not (data_dir / store_file).is_file():
+            raise NoStoreError(data_dir, f"no {store_file}")
         busy = _held_by_another(data_dir)
     except OSError as exc:
         raise NoStoreError(data_dir, f"cannot read it: {exc.strerror or exc}") from None
     if busy:
         raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process")
     try:
-        return stopped.scopes(data_dir)
-    except stopped.NotAStoreError as exc:
+        inspector = embedded().inspector(data_dir)
+        try:
+            return inspector.scopes()
+        finally:
+            inspector.close()
+    except NotAStoreError as exc:
         raise NoStoreError(data_dir, exc.reason) from None
 
 

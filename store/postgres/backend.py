@@ -492,6 +492,11 @@ class PostgresStore:
     def copy_to(self, path: Path) -> None:
         raise StoreError("a PostgreSQL store is backed up with PostgreSQL's own tools (pg_dump, base backups)")
 
+    def console_rows(self, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        from engram_memory.store.postgres.console import rows
+
+        return rows(self, query, params)
+
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None:
         with self.pool.connection() as conn, conn.cursor() as cur:
             cur.executemany(
