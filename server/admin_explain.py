@@ -141,7 +141,7 @@ def explain_cmd(
 
         with _pg_outcomes(), _busy("re-deriving the ranking"), \
                 tempfile.TemporaryDirectory(prefix="engram-explain-") as node:
-            # An admin node of its own (as store/postgres/admin.py's), with the server's settings.
+            # An admin node of its own (as store/core/admin_node.py's), with the server's settings.
             engine = Engine.open(_settings(config, model_path, data_dir=Path(node), store=pg.url,
                                            master_key_file=pg.key_file))
             try:

@@ -56,7 +56,7 @@ def _run(operation: dict[str, Any], data_dir: Path | None, store: str | None, ke
     if pg is not None:
         assert pg.key_file is not None
         _pg_scope(pg, scope_ref)
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), _busy(f"{operation['operation']} on the PostgreSQL store"), \
                 admin_engine(pg.url, pg.key_file) as engine:

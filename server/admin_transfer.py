@@ -58,7 +58,7 @@ def _engine(data_dir: Path | None, store: str | None, key_file: Path | None, *,
     if pg is not None:
         assert pg.key_file is not None
         _pg_scope(pg, scope_ref)
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
             yield engine

@@ -660,11 +660,6 @@ class SharedBackend(Protocol):
         opens its data keys). Raises StoreRefused (unreachable, not initialised, another key)."""
         ...
 
-    def admin_engine(self, url: str, master_key_file: Path) -> AbstractContextManager[Any]:
-        """A short-lived node of the store (a store/core ``Engine``: this module imports nothing of
-        store/) for an admin command that journals lifecycle events."""
-        ...
-
     def init_store(self, url: str, master_key: bytes) -> str:
         """Create the schema and identity of an empty store; its store id. StoreRefused if initialised."""
         ...

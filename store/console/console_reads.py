@@ -1,7 +1,7 @@
 """What the operator console (server/console/) reads of a store it holds open.
 
 The console owns the store while it runs (a DuckDB data dir's lock, or an admin node of a
-PostgreSQL store: store/postgres/admin.py), so it reads through the open engine: the same rows the
+PostgreSQL store: store/core/admin_node.py), so it reads through the open engine: the same rows the
 admin listings read (store/host/history.py's allow-lists), counts by state, a record's decrypted body
 (its citations; record content is the operator's to see), the audit trail without arguments, and a
 search with its rank receipt explained. A pending candidate's content is opened only by

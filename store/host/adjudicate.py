@@ -4,7 +4,7 @@ Run with the store closed to servers (the caller checked): the engine is opened 
 embedding model; an accepted record is indexed lexically at once, and a server embeds it at
 its next start (its semantic backfill embeds every current record that lacks a vector).
 On a PostgreSQL store it runs against the live store (``adjudicate_with`` on an admin engine,
-store/postgres/admin.py); the serving nodes index and embed the record as they catch up."""
+store/core/admin_node.py); the serving nodes index and embed the record as they catch up."""
 
 from __future__ import annotations
 

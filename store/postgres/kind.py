@@ -9,7 +9,6 @@ install in one line what to add, and ``redact_url`` works without the driver."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,6 @@ from engram_memory.store.backend import MigrateReport
 from engram_memory.store.postgres import url as url_rules
 
 if TYPE_CHECKING:
-    from engram_memory.store.core.engine import Engine
     from engram_memory.store.postgres.inspect import PostgresInspector
 
 
@@ -35,11 +33,6 @@ class PostgresKind:
         from engram_memory.store.postgres.inspect import PostgresInspector
 
         return PostgresInspector(url, master_key, key_file)
-
-    def admin_engine(self, url: str, master_key_file: Path) -> AbstractContextManager[Engine]:
-        from engram_memory.store.postgres.admin import admin_engine
-
-        return admin_engine(url, master_key_file)
 
     def init_store(self, url: str, master_key: bytes) -> str:
         from engram_memory.store.postgres.backend import init_store
