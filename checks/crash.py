@@ -358,7 +358,7 @@ def wait_disconnected(url: str, application_name: str, timeout: float = 60.0) ->
 
 
 def ledger_id(op: Op) -> tuple[str, str, str]:
-    from engram_memory.store.ledger import key_digest
+    from engram_memory.store.core.ledger import key_digest
 
     return f"tenant:{op.tenant}/workspace:{WORKSPACE}", op.principal, key_digest(op.key)
 
@@ -512,7 +512,7 @@ def run_trial(trial: int, seed: int, clients: int, keys_dir: Path, work: Path, m
     the retries go to the others while it is down, then it restarts and every node is read back."""
     import anyio
 
-    from engram_memory.store.verify import verify_store
+    from engram_memory.store.maintenance.verify import verify_store
 
     rng = random.Random(f"{seed}:{trial}")
     data_dir = work / f"trial-{trial:04d}"

@@ -27,8 +27,8 @@ import numpy as np
 from engram_memory.retrieval.languages import identify
 from engram_memory.retrieval.lexical import query_terms
 from engram_memory.retrieval.vectors import normalize_rows
-from engram_memory.store.crypto import KEYS_DIR, KeyStore, key_files, open_sealed
-from engram_memory.store.lifecycle import pending_context, record_context
+from engram_memory.store.core.crypto import KEYS_DIR, KeyStore, key_files, open_sealed
+from engram_memory.store.core.lifecycle import pending_context, record_context
 
 KEY_PREFIX = "local:key-"
 

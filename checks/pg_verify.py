@@ -1,6 +1,6 @@
 """Verify a stopped PostgreSQL store and its nodes' projections, read-only (``engram-memory crash --store``).
 
-What ``store/verify.py`` checks of a DuckDB store, for the shared one, by SQL of its own (so the
+What ``store/maintenance/verify.py`` checks of a DuckDB store, for the shared one, by SQL of its own (so the
 check does not trust the backend's code it checks):
 
 * each scope's journal: dense cursors from 1, each event's ``previous_event_hash`` the one before,
@@ -15,7 +15,7 @@ check does not trust the backend's code it checks):
   than ``ORPHAN_KEY_GRACE`` (another node's open mutation may own it);
 * projections of every node: caught up with the scope's journal (the harness read every scope on
   every node before stopping them) and equal to a fresh rebuild from the store
-  (``store/rebuild.py``'s comparison). The rebuild's records are decrypted by a real engine opened
+  (``store/maintenance/rebuild.py``'s comparison). The rebuild's records are decrypted by a real engine opened
   on the store as one more, short-lived node, in a scratch directory.
 """
 
@@ -117,8 +117,8 @@ def verify_pg_store(url: str, master_key_file: Path, node_dirs: list[Path], scra
     """Check the stopped store at ``url`` and the projections in each of ``node_dirs`` (see the module)."""
     from engram_memory.models.settings import EngineSettings
     from engram_memory.retrieval.projections import Projections
-    from engram_memory.store.engine import Engine
-    from engram_memory.store.rebuild import build_aside, compare_projections
+    from engram_memory.store.core.engine import Engine
+    from engram_memory.store.maintenance.rebuild import build_aside, compare_projections
 
     report = PgVerifyReport()
     report.problems, report.events, report.orphan_keys = _rows(url)

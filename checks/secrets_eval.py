@@ -138,7 +138,7 @@ def capture_arguments(example: dict[str, Any], index: int) -> dict[str, Any]:
 def policy_verdict(example: dict[str, Any], index: int = 0) -> str:
     """The fast path: schema validation, then the admission policy on the payload the engine would
     hand it (scope_ref, retention and reconciliation filled in as capture does). blocked|rejected|accepted."""
-    from engram_memory.store.policy import DefaultAdmissionPolicy
+    from engram_memory.store.screen.policy import DefaultAdmissionPolicy
 
     try:
         plain = to_plain(parse_input("capture", capture_arguments(example, index)))
@@ -158,7 +158,7 @@ class EngineRunner:
 
     def __init__(self, data_dir: Path) -> None:
         from engram_memory.models.settings import EngineSettings
-        from engram_memory.store.engine import Engine
+        from engram_memory.store.core.engine import Engine
 
         self.engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
         self.ctx = eval_context()
@@ -414,7 +414,7 @@ def eval_secrets_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engram_memory.store.secrets import rules_only
+    from engram_memory.store.screen.secrets import rules_only
 
     scores: list[Score] = []
     pairs: list[tuple[Score, Score]] = []

@@ -1,7 +1,7 @@
-"""``engram-memory train-secrets``: train the learned secrets screen (store/secret_model.py).
+"""``engram-memory train-secrets``: train the learned secrets screen (store/screen/secret_model.py).
 
-    engram-memory train-secrets --data ../shared/data --out store/secret_model_artefact/
-    python -m engram_memory.checks.secrets_train --data ../shared/data --out store/secret_model_artefact/
+    engram-memory train-secrets --data ../shared/data --out store/screen/secret_model_artefact/
+    python -m engram_memory.checks.secrets_train --data ../shared/data --out store/screen/secret_model_artefact/
 
 Training data: the repository's labelled corpora (checks/secrets/: corpus.jsonl, probes.jsonl,
 frozen.jsonl, heldout*.jsonl -- every round there is development data) plus ordinary prose
@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from engram_memory.store.secret_model import ARTEFACT, DIM, DIM_BITS, NGRAMS, WINDOW, features, windows
+from engram_memory.store.screen.secret_model import ARTEFACT, DIM, DIM_BITS, NGRAMS, WINDOW, features, windows
 
 Opt = typer.Option
 
@@ -141,7 +141,7 @@ def rates(y: np.ndarray, flagged: np.ndarray) -> dict[str, Any]:
 def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Train, choose the threshold, write the artefact to ``out``; ``rows`` replaces the labelled
     corpora (the reproducibility test trains on a few of them)."""
-    from engram_memory.store.secrets import find_rule_secret
+    from engram_memory.store.screen.secrets import find_rule_secret
 
     rows = labelled_examples() if rows is None else rows
     prose, prose_counts = prose_sample(data)

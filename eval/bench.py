@@ -242,7 +242,7 @@ class Grower:
     def adopt(self) -> None:
         """Continue a store an earlier bench grew: skip the texts it holds, remember its records."""
         count = self.engine.candidate_count(self.ctx.scope_ref)
-        from engram_memory.store.engine import embedding_text
+        from engram_memory.store.core.engine import embedding_text
 
         for record in self.engine.live_records(self.ctx.scope_ref):
             self.by_record[record["record_id"]] = embedding_text(record)
@@ -432,7 +432,7 @@ def run_bench(
             fusion = getattr(engine.config, "fusion", None)
         # The host's rebuild-index path (store.rebuild): opens the store, rebuilds every
         # projection from DuckDB (stored embeddings, no re-embedding), closes.
-        from engram_memory.store.rebuild import rebuild_index
+        from engram_memory.store.maintenance.rebuild import rebuild_index
 
         _say(f"{size:,}: rebuild-index, then lexical search latency")
         t = time.perf_counter()
@@ -480,7 +480,7 @@ def run_bench(
 @contextmanager
 def _open_engine(store: Path, channels: str, busy_wait_s: float = 30.0, **overrides: Any) -> Iterator[Any]:
     """open_engine, waiting out a just-stopped MCP server that still holds the data directory."""
-    from engram_memory.store.engine import StoreBusyError
+    from engram_memory.store.core.engine import StoreBusyError
 
     deadline = time.monotonic() + busy_wait_s
     while True:
@@ -523,7 +523,7 @@ def ingest_floor(engine: Any, captures: Sequence[dict[str, Any]]) -> dict[str, A
 
     from engram_memory.retrieval.lexical import LexicalDoc
     from engram_memory.retrieval.projections import Projections
-    from engram_memory.store.lifecycle import lexical_fields
+    from engram_memory.store.core.lifecycle import lexical_fields
 
     records = [{**args["payload"], "record_id": f"floor-{i}"} for i, args in enumerate(captures)]
     texts = ["\n".join(c["text"] for c in r["components"]) for r in records]

@@ -540,11 +540,11 @@ def own_nodes(workdir: Path, out: Path, semantic: bool, store: str | None = None
         make_keys(keys_dir)
     base = workdir / label
     base.mkdir()
-    from engram_memory.store.postgres.databases import create_database, drop_database
+    from engram_memory.store.opening import shared
 
     args, db_url = StoreArgs(), None
     if store is not None:
-        db_url = create_database(store, "engram_bench_http")
+        db_url = shared(store).create_database(store, "engram_bench_http")
         init_store(db_url, base / "master.key")
         args = StoreArgs(db_url, base / "master.key")
     procs: list[subprocess.Popen[bytes]] = []
@@ -562,7 +562,7 @@ def own_nodes(workdir: Path, out: Path, semantic: bool, store: str | None = None
         for proc in procs:
             stop(proc)
         if db_url is not None and store is not None:
-            drop_database(store, db_url)
+            shared(store).drop_database(store, db_url)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -579,14 +579,14 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def check_admin_url(url: str) -> str:
     """A password-free libpq URL of a role that may CREATE DATABASE; reachable, else UsageError."""
-    from engram_memory.store.postgres.databases import reachable
-    from engram_memory.store.postgres.url import check_store_url
+    from engram_memory.store.opening import shared
 
+    kind = shared(url)
     try:
-        check_store_url(url)
+        kind.check_url(url)
     except ValueError as exc:
         raise UsageError(f"--store: {exc}") from None
-    if not reachable(url):
+    if not kind.reachable(url):
         raise UsageError("--store: cannot connect to that PostgreSQL (the harness needs a role that may "
                          "CREATE DATABASE)")
     return url
@@ -672,9 +672,9 @@ def store_backends_cpu(targets: Sequence[Target]) -> dict[int, float] | None:
     url = targets[0].store_url if targets else None
     if url is None:
         return None
-    from engram_memory.store.postgres.databases import backend_pids
+    from engram_memory.store.opening import shared
 
-    pids = backend_pids(url)
+    pids = shared(url).backend_pids(url)
     seconds = {pid: cpu_seconds(pid) for pid in pids}
     if pids and all(v is None for v in seconds.values()):
         return None  # a PostgreSQL elsewhere: its CPU is not visible here

@@ -13,7 +13,7 @@ store with the bench's own host context (tenant, workspace, principal, agent and
   after the searches (``VmHWM``);
 * ingest as a host does it (``ingest``): one ``capture`` and one ``request_admission`` per
   document, then one hybrid search -- the time until every document is searchable by both
-  channels (a search projects what admissions left waiting: store/projector.py).
+  channels (a search projects what admissions left waiting: store/core/projector.py).
 
 Each call is timed from ``call_tool`` to its parsed result, as a host's agent loop waits for it.
 """

@@ -313,8 +313,8 @@ def time_stages(engine: Any, search: Callable[[str], Any], queries: Sequence[str
     """Per stage, the p50 over ``queries`` of the time one search spent in it; and of the whole."""
     from engram_memory.retrieval.lexical import LexicalIndex
     from engram_memory.retrieval.vectors import VectorIndex
-    from engram_memory.store import reads
-    from engram_memory.store.live import ScopeView
+    from engram_memory.store.core import reads
+    from engram_memory.store.core.live import ScopeView
 
     owners = {"embedder": engine.embedder, "lexical_index": LexicalIndex, "vector_index": VectorIndex,
               "scope_view": ScopeView, "reads": reads, "read_path": reads.ReadPath,

@@ -41,7 +41,7 @@ from engram_memory.eval.ingest import (
 )
 from engram_memory.models.context import HostContext
 from engram_memory.models.tools import to_plain
-from engram_memory.store.lifecycle import BatchItem
+from engram_memory.store.core.lifecycle import BatchItem
 
 LARGE, SMALL = 20_000, 200  # the cold scopes
 WARM_SCOPES, WARM_SEARCHES = 10, 20

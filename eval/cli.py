@@ -166,7 +166,7 @@ def eval_cmd(
     from engram_memory.eval.harness import run_eval
     from engram_memory.eval.ingest import set_model, set_store
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.engine import StoreBusyError
+    from engram_memory.store.core.engine import StoreBusyError
 
     if pg is not None:
         set_store(*pg)
@@ -305,7 +305,7 @@ def bench_cmd(
     _make_dir("--out", out_dir)
 
     from engram_memory.eval.bench import run_bench
-    from engram_memory.store.engine import StoreBusyError
+    from engram_memory.store.core.engine import StoreBusyError
 
     try:
         run_bench(out_dir, size_list, dataset=dataset, n_queries=n_queries, ops_sample=n_ops, peer=peer_name,

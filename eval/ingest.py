@@ -165,14 +165,14 @@ class IngestResult:
 
 def admission_policy_ref() -> str:
     """The engine's admission policy id and version: which docs are admitted depends on it."""
-    from engram_memory.store.policy import POLICY_ID, POLICY_VERSION
+    from engram_memory.store.screen.policy import POLICY_ID, POLICY_VERSION
 
     return f"{POLICY_ID}@{POLICY_VERSION}"
 
 
 def store_key(col: Collection, mapping: str) -> str:
     """The cached store's folder name; a run with another model than the default has its own store
-    (a store keeps the model it was created with: store/embedding_model.py)."""
+    (a store keeps the model it was created with: store/core/embedding_model.py)."""
     key = f"{INGEST_VERSION}\0{mapping}\0{admission_policy_ref()}\0{col.fingerprint}"
     if _MODEL.get("model", DEFAULT_MODEL) != DEFAULT_MODEL:
         key += f"\0{_MODEL['model']}"
@@ -218,7 +218,7 @@ def engine_config(store_dir: Path, channels: str = "hybrid", **overrides: Any) -
 @contextmanager
 def open_engine(store_dir: Path, channels: str = "hybrid", **overrides: Any) -> Iterator[Any]:
     """An engine whose ranking uses only ``channels`` (EngineSettings.channels), ready to search."""
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(engine_config(store_dir, channels, **overrides))
     try:
@@ -263,9 +263,9 @@ def _manifest(col: Collection, mapping: str) -> dict[str, Any]:
                 "limit_docs": col.limit_docs, "fingerprint": col.fingerprint, "docs": len(col.docs),
                 "admission_policy": admission_policy_ref()}
     if _STORE:  # a cache built on one store is never reused on another (DuckDB manifests unchanged)
-        from engram_memory.store.postgres.url import redact_url
+        from engram_memory.store.opening import shared
 
-        manifest["store"] = redact_url(_STORE["store"])
+        manifest["store"] = shared(_STORE["store"]).redact_url(_STORE["store"])
     return manifest
 
 

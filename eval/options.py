@@ -204,7 +204,7 @@ def sizes(value: str) -> list[int]:
 def store(url: str | None, master_key_file: Path | None) -> tuple[str, Path] | None:
     """``--store URL --master-key-file FILE``: run the engine on an initialised PostgreSQL store
     (each collection in its own scope) instead of a DuckDB store in the cache dir."""
-    from engram_memory.store.postgres.url import check_store_options  # psycopg's parser, no connection
+    from engram_memory.store.opening import check_store_options  # the driver's URL parser, no connection
 
     try:
         check_store_options(url, master_key_file)

@@ -53,3 +53,11 @@ class HostPolicy:
     # top-level record fields omitted from packets; record_id can never be redacted
     redacted_fields: tuple[str, ...] = ("scope_ref",)
     policy_version: str = "engram-memory:host-policy:v1"
+
+
+def scope_names(scope_ref: str) -> tuple[str, str] | None:
+    """``tenant:T/workspace:W`` -> (T, W); None for anything else. Host ids never contain '/'."""
+    tenant, sep, workspace = scope_ref.partition("/")
+    if sep and tenant.startswith("tenant:") and workspace.startswith("workspace:"):
+        return tenant.removeprefix("tenant:"), workspace.removeprefix("workspace:")
+    return None

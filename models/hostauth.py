@@ -33,7 +33,7 @@ from engram_memory.models.limits import CONFIRM_TTL_S, EXECUTION_WINDOW_S, OPAQU
 CONTEXT_META_KEY = "io.sentropic.engram/context"
 CONFIRMATION_META_KEY = "io.sentropic.engram/confirmation"
 # Instead of a confirmation: the host cannot ask its human, the operator's queue decides; the value
-# is how long the request may wait, in seconds (at most CONFIRM_TTL_S; store/approvals.py).
+# is how long the request may wait, in seconds (at most CONFIRM_TTL_S; store/host/approvals.py).
 OPERATOR_APPROVAL_META_KEY = "io.sentropic.engram/operator-approval"
 OPERATION_DOMAIN = b"engram-memory/operation/v1\x00"
 ALGORITHM = "EdDSA"

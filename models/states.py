@@ -60,7 +60,7 @@ class Operation(StrEnum):
     WITHDRAW = "withdraw"
     EXPIRE = "expire"
     TOMBSTONE = "tombstone"  # the forget tool
-    # Host operations (engram-memory admin ...; store/hostops.py), never an agent's tool.
+    # Host operations (engram-memory admin ...; store/host/hostops.py), never an agent's tool.
     DISPUTE = "dispute"
     RESOLVE_DISPUTE = "resolve_dispute"
     SUPERSEDE = "supersede"

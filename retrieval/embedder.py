@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -321,8 +322,10 @@ class Embedder:
     def model_path(self) -> Path | None:
         return self._path
 
-    @property
+    @functools.cached_property
     def model_id(self) -> str:
+        """Derived once: the path is fixed for the embedder's life, and every search's receipt names it
+        (resolving two paths, or reading a model card, per search cost about a millisecond)."""
         return derive_model_id(self._path) if self._path is not None else PACKAGED_MODEL_ID
 
     @property

@@ -31,7 +31,7 @@ from engram_memory.server.local import bind_socket, ensure_local_key, local_ring
 from engram_memory.server.relay import UNAVAILABLE_INSTRUCTIONS, StdioFront
 from engram_memory.server.stdio import stdio_server
 from engram_memory.server.tools import instructions
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
 

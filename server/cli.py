@@ -156,7 +156,7 @@ def serve(
     from engram_memory.server.app import finish, serve_http, serve_stdio
     from engram_memory.server.relay import OwnerUnavailable
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.engine import StoreBusyError
+    from engram_memory.store.core.engine import StoreBusyError
 
     try:
         if listener is not None:
@@ -200,7 +200,7 @@ def daemon(
 
     from engram_memory.server.app import finish, serve_daemon
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.engine import StoreBusyError
+    from engram_memory.store.core.engine import StoreBusyError
 
     try:
         anyio.run(serve_daemon, cfg)

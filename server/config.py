@@ -289,7 +289,7 @@ class ServeSettings(BaseSettings, EngineSettings):
         """Begin loading the packaged model in the background while the launch imports the MCP SDK
         and opens the store (about a second sooner ready on a first launch; the engine takes the
         same shared embedder). Only for a store not created yet: an existing one may remember
-        another model (store/embedding_model.py), and a named model was loaded by ``preflight``."""
+        another model (store/core/embedding_model.py), and a named model was loaded by ``preflight``."""
         if not self.prestarts_model():
             return
 

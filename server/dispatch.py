@@ -3,7 +3,7 @@
 bound context (-32603; signed per call over HTTP) -> unknown or ungranted tool (-32602)
 -> bound purpose (-32603) -> rate limit (RATE_LIMITED) -> deadline (DEADLINE_EXCEEDED)
 -> schema (INVALID_SCHEMA) -> confirmation (gate_failed / -32603; a client that cannot elicit:
-the operator's queue, store/approvals.py) -> engine, in a worker
+the operator's queue, store/host/approvals.py) -> engine, in a worker
 thread -> envelope.
 
 Cancellation: a read is abandoned at once; a mutation that reached the engine runs to its
@@ -38,9 +38,9 @@ from engram_memory.server.binding import Binding, LaunchBinder, SignedBinder
 from engram_memory.server.gate import Approval, GateFailed, OperatorApproval
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.server.tools import MUTATING
-from engram_memory.store.approvals import admit_or_park
 from engram_memory.store.backend import is_store_error
-from engram_memory.store.engine import AuditEvent, Engine
+from engram_memory.store.core.engine import AuditEvent, Engine
+from engram_memory.store.host.approvals import admit_or_park
 
 log = logging.getLogger("engram_memory.server")
 

@@ -13,7 +13,7 @@ withdraw and forget are always gated; capture and request_admission when the hos
 Only ``accept`` with ``{"confirm": true}`` releases the gate. Decline, cancel,
 ``confirm`` false, an error answer or no answer within the TTL is ``gate_failed``. A
 client that did not declare form elicitation cannot confirm here: its call waits in the
-operator's queue (store/approvals.py; the agent is answered gate_failed and retries with the same
+operator's queue (store/host/approvals.py; the agent is answered gate_failed and retries with the same
 idempotency key), or, with ``confirm_fallback = "off"``, it is a missing confirmation reference,
 the protocol error -32603. An approval must be used within 30 s.
 """
@@ -75,7 +75,7 @@ class GateFailed(Exception):
 
 
 class OperatorApproval(Exception):  # noqa: N818 - an outcome of the gate, not an error
-    """The client cannot ask its human: the call goes to the operator's queue (store/approvals.py),
+    """The client cannot ask its human: the call goes to the operator's queue (store/host/approvals.py),
     whose answer (approved, or gate_failed) the dispatcher gives. ``ttl_s``: how long it waits."""
 
     def __init__(self, ttl_s: float) -> None:

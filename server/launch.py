@@ -12,7 +12,7 @@ from engram_memory.server.config import ServeConfig
 from engram_memory.server.dispatch import Dispatcher
 from engram_memory.server.gate import ConfirmationGate, confirmation_gate
 from engram_memory.server.ratelimit import RateLimiter
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 
 def open_engine(cfg: ServeConfig) -> Engine:

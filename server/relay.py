@@ -52,7 +52,7 @@ from engram_memory.server.launch import launch_dispatcher, open_engine
 from engram_memory.server.local import LocalKey, connect_owner, read_local_key
 from engram_memory.server.tools import MUTATING
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 log = logging.getLogger("engram_memory.server")
 

@@ -1,8 +1,18 @@
-"""The store boundary: what the engine asks of its store, backend-neutral.
+"""The store boundary: what the engine and the operator's tools ask of a store, backend-neutral.
 
 Everything the engine, lifecycle rules, expiry, adjudication and the read path need from the
 store is a method here, over domain values (no SQL, no driver types). ``store/duckdb/`` (embedded,
-the default) and ``store/postgres/`` (shared by several nodes) implement the two protocols.
+the default) and ``store/postgres/`` (shared by several nodes) implement the protocols:
+
+* ``Store`` and ``UnitOfWork``: a store a process serves (``store/opening.py`` ``open_store``);
+* ``Inspector``: the read-only view of a store that verify, history and rebuild read, with its
+  ``DataKeys`` (key files in a data dir, or key rows of a shared store);
+* ``EmbeddedBackend`` (a store in a data dir: DuckDB, ``store/duckdb/kind.py``) and
+  ``SharedBackend`` (a store named by URL that several nodes share: PostgreSQL,
+  ``store/postgres/kind.py``): what an operator's command does with a kind of store by its
+  location. ``store/opening.py`` is the one place outside the backends that names them
+  (``embedded()``, ``shared(url)``); the exceptions a caller catches live here, so no caller
+  imports a backend to catch one.
 
 Contracts a backend must keep (the single-writer assumptions made explicit):
 
@@ -19,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,6 +54,23 @@ EMBEDDING_MODEL_KEY = "embedding_model"
 
 class StoreBusyError(RuntimeError):
     """Another process owns the data directory (DuckDB allows one writer)."""
+
+
+class NotAStoreError(StoreError):
+    """The data dir's store file is not a database of the backend, or not an engram-memory one
+    (``reason`` says which, in one line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LiveNodesError(StoreRefused):
+    """Nodes of the store are running: they hold the old master key (STORE_BUSY for the operator)."""
+
+
+class MigrateUsageError(ValueError):
+    """The source is not a store this version can migrate (one line for the operator, exit 2)."""
 
 
 _NATIVE_ERRORS: list[type[BaseException]] = []
@@ -129,7 +156,7 @@ class NewRecord:
     key_ref: str
     body: bytes
     event_at: int | None
-    event_kind: str | None  # the keyed digest of primary_event.type_ref (store/lifecycle.py event_kind)
+    event_kind: str | None  # the keyed digest of primary_event.type_ref (store/core/lifecycle.py event_kind)
 
 
 @dataclass(frozen=True)
@@ -163,7 +190,7 @@ class JournalChange:
     shared store): ``current`` says whether the record is current (searchable) after it."""
 
     cursor: int
-    operation: str  # accept, tombstone, expire, or a host operation (store/hostops.py)
+    operation: str  # accept, tombstone, expire, or a host operation (store/host/hostops.py)
     record_id: str
     current: bool
 
@@ -197,7 +224,7 @@ def names_record(events: Sequence[dict[str, Any]], record_id: str) -> list[dict[
 
 @dataclass(frozen=True)
 class LiveWindow:
-    """What a scope view keeps of a current record (store/live.py), undecrypted."""
+    """What a scope view keeps of a current record (store/core/live.py), undecrypted."""
 
     record_id: str
     valid_t: Any
@@ -211,7 +238,7 @@ class LiveWindow:
 
 
 class KeyRing(Protocol):
-    """Data keys wrapped by the master key, one per candidate or record (store/crypto.py says how
+    """Data keys wrapped by the master key, one per candidate or record (store/core/crypto.py says how
     they are used); destroying one crypto-shreds everything sealed with it."""
 
     server_secret: bytes  # authenticates page cursors: the same on every node of a store
@@ -441,7 +468,13 @@ class Store(Protocol):
     # audit
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None: ...
 
-    # requests awaiting an operator's approval (store/approvals.py; columns: APPROVAL_COLUMNS)
+    # the operator console's reads (store/console/console_reads.py)
+    def console_rows(self, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """A named console query (each backend's ``console.QUERIES``: the same names, columns and
+        order) on this store; DuckDB runs it on the calling thread's read cursor."""
+        ...
+
+    # requests awaiting an operator's approval (store/host/approvals.py; columns: APPROVAL_COLUMNS)
     def approval_insert(self, row: Sequence[Any]) -> bool:
         """Park a request; False if (scope, principal, key digest) already has one."""
         ...
@@ -457,3 +490,214 @@ class Store(Protocol):
         ...
 
     def approval_outcome(self, request_id: str, outcome: str) -> None: ...
+
+
+# -- what the operator's tools read and do (maintenance, history, the admin commands) ----------
+
+# The tables whose rows are kept per scope (verify: none under a scope the scopes table does not list).
+SCOPED_TABLES = ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency")
+
+
+@dataclass(frozen=True)
+class StoppedStore:
+    """What a restore checks of a stopped store: its identity, where it journalled forgets, and
+    each scope's journal head (high_water, last_event_hash)."""
+
+    store_id: str | None
+    tombstones: list[tuple[str, int]]
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class MigrateReport:
+    """What ``admin migrate`` (or a restore into a shared store) copied."""
+
+    store_id: str
+    storage_epoch: str
+    rows: dict[str, int] = field(default_factory=dict)
+    data_keys: int = 0
+    unreferenced_keys: int = 0  # key files no row referenced: not copied (their destruction completes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store_id": self.store_id, "storage_epoch": self.storage_epoch, "rows": dict(self.rows),
+                "data_keys": self.data_keys, "unreferenced_key_files": self.unreferenced_keys}
+
+
+class DataKeys(Protocol):
+    """A store's data keys as ``admin verify`` checks them (DuckDB: key files under ``keys/``;
+    PostgreSQL: ``data_keys`` rows), read-only."""
+
+    def problem(self) -> str | None:
+        """A store-wide key problem (no master key, a page-cursor key that does not open), or None."""
+        ...
+
+    def exists(self, key_ref: str) -> bool: ...
+
+    def load(self, key_ref: str) -> bytes | None:
+        """The data key, or None when it is absent or does not open under the master key."""
+        ...
+
+    def census(self, referenced: set[str]) -> tuple[list[str], int]:
+        """(orphans: keys no row references, how many keys there are)."""
+        ...
+
+
+class Inspector(Protocol):
+    """A read-only view of a whole store (a stopped DuckDB store, or one snapshot of a live
+    PostgreSQL store): what verify, history, the candidates listing and rebuild read. Close it."""
+
+    def close(self) -> None: ...
+
+    def data_keys(self) -> DataKeys: ...
+
+    def verify_journal(self, scope_ref: str) -> bool:
+        """The scope's hash chain and dense cursors."""
+        ...
+
+    # store-wide
+    def scopes(self) -> list[str]:
+        """The scope_refs, sorted."""
+        ...
+
+    def referenced_keys(self) -> set[str]: ...
+
+    def listed_scopes(self) -> set[str]: ...
+
+    def scopes_in(self, table: str) -> list[str]:
+        """The distinct scope_refs of one of SCOPED_TABLES."""
+        ...
+
+    # one scope
+    def journal_rows(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(cursor, event_id, operation, body, event_hash) in cursor order."""
+        ...
+
+    def journal_tail(self, scope_ref: str, limit: int | None = None) -> list[tuple[int, str, str]]:
+        """(cursor, body, event_hash), newest first (the last ``limit``)."""
+        ...
+
+    def pending_candidates(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(candidate_id, principal, state, created_cursor, recorded_at, payload_digest, record_digest,
+        held) of the scope's pending candidates, in cursor order; ``held``: its payload was forgotten."""
+        ...
+
+    def head(self, scope_ref: str) -> tuple[Any, ...]:
+        """(high_water, last_event_hash, projection_cursor)."""
+        ...
+
+    def journal_operations(self, scope_ref: str) -> list[tuple[Any, ...]]: ...
+
+    def candidate_states(self, scope_ref: str) -> list[tuple[Any, ...]]: ...
+
+    def record_links(self, scope_ref: str) -> list[tuple[Any, ...]]: ...
+
+    def tombstoned_records(self, scope_ref: str) -> set[str]: ...
+
+    def candidates(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(candidate_id, state, created_cursor, payload_digest, record_digest, key_ref, envelope, outcome)."""
+        ...
+
+    def records(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """(record_id, state, record_digest, payload_digest, key_ref, body, its candidate's record_digest)."""
+        ...
+
+    def embedded_records(self, scope_ref: str) -> list[str]: ...
+
+    def projection_cursor(self, scope_ref: str) -> int: ...
+
+    def current_bodies(self, scope_ref: str, state: str) -> list[tuple[Any, ...]]:
+        """(record_id, key_ref, body) of the scope's records in ``state`` with a body, by record_id."""
+        ...
+
+    def embedding_models(self, scope_ref: str, state: str) -> list[str]: ...
+
+    def embeddings(self, scope_ref: str, state: str, model_digest: str) -> list[tuple[Any, ...]]:
+        """(record_id, key_ref, vector) by record_id."""
+        ...
+
+
+class EmbeddedBackend(Protocol):
+    """A kind of store that lives in a data dir and one process serves (DuckDB): what the
+    maintenance commands do with it while no server holds the directory."""
+
+    store_file: str  # the database file in the data dir
+
+    def held(self, data_dir: Path, busy: Callable[[], Exception]) -> AbstractContextManager[None]:
+        """Hold the data dir's advisory lock (never creating it); raises ``busy()`` when a server holds it."""
+        ...
+
+    def inspector(self, data_dir: Path) -> Inspector:
+        """The stopped store, read-only. Raises StoreBusyError (a process holds the file) and
+        NotAStoreError (no database of this kind; ``scopes()``: not an engram-memory one)."""
+        ...
+
+    def stopped(self, data_dir: Path) -> StoppedStore:
+        """Raises StoreBusyError, and StoreError when it cannot be read as an engram-memory store."""
+        ...
+
+    def journal_hashes(self, data_dir: Path, at: dict[str, int]) -> dict[str, str]:
+        """The event_hash of each scope's journal event at the given cursor (absent: no such event)."""
+        ...
+
+
+class SharedBackend(Protocol):
+    """A kind of store named by a URL that several serving nodes share (PostgreSQL): what an
+    operator's command, a restore and the benchmarks do with one. Its driver is an optional extra:
+    ``check_url`` says in one line what to install; nothing else is called before it passed."""
+
+    name: str  # how messages name the kind ("PostgreSQL")
+
+    def check_url(self, text: str) -> str:
+        """``text`` unchanged when it is a usable URL of this kind; else ValueError (URL not echoed)."""
+        ...
+
+    def redact_url(self, text: str) -> str:
+        """The URL with any password replaced, for logs and reports."""
+        ...
+
+    def inspector(self, url: str, master_key: bytes | None = None, key_file: Path | None = None) -> Inspector:
+        """One read-only snapshot of the live store (``master_key``, when given, is checked and
+        opens its data keys). Raises StoreRefused (unreachable, not initialised, another key)."""
+        ...
+
+    def init_store(self, url: str, master_key: bytes) -> str:
+        """Create the schema and identity of an empty store; its store id. StoreRefused if initialised."""
+        ...
+
+    def migrate_counts(self, data_dir: Path) -> dict[str, int]:
+        """Rows per table a migration of the stopped embedded store at ``data_dir`` copies."""
+        ...
+
+    def migrate_store(self, data_dir: Path, url: str, master_key: bytes,
+                      advance: Callable[[str, int], None] | None = None) -> MigrateReport:
+        """Copy the stopped embedded store into the empty store at ``url``. Raises StoreBusyError,
+        MigrateUsageError and StoreRefused (nothing written to the target then)."""
+        ...
+
+    def export_store(self, url: str, master_key: bytes, key_file: Path, data_dir: Path) -> dict[str, int]:
+        """One snapshot of the store written as a new embedded store in ``data_dir`` (what a backup
+        archives); the rows copied per table."""
+        ...
+
+    def store_heads(self, url: str, store_id: str) -> dict[str, tuple[int, str]] | None:
+        """Each scope's (high water, last event hash) when ``url`` holds the store ``store_id``;
+        None for another store, no store, or one that cannot be read."""
+        ...
+
+    def rotate_master_key(self, url: str, old_key: bytes, old_key_file: Path, new_key: bytes) -> int:
+        """Re-wrap every key of the store under ``new_key`` in one transaction; how many data keys.
+        Raises StoreRefused and LiveNodesError (nothing changed)."""
+        ...
+
+    # throwaway databases for the harnesses (benchmarks, crash runs), next to an admin URL
+    def reachable(self, url: str, timeout_s: int = 10) -> bool: ...
+
+    def create_database(self, admin_url: str, prefix: str) -> str:
+        """A fresh, empty database next to ``admin_url``'s; its URL."""
+        ...
+
+    def drop_database(self, admin_url: str, url: str) -> None: ...
+
+    def backend_pids(self, url: str) -> list[int]:
+        """The server processes serving ``url``'s database (other than the asking connection's)."""
+        ...

@@ -28,7 +28,7 @@ STUDY = Path(__file__).resolve().parent
 _ONE = """
 import sys
 depth = int(sys.argv[1])
-import engram_memory.store.reads as reads
+import engram_memory.store.core.reads as reads
 search = reads.ReadPath.search
 def at_depth(self, *args, **kwargs):
     self.channel_depth = depth

@@ -108,8 +108,8 @@ def run(records: int, forgets: int, semantic: bool, hnsw_threshold: int | None, 
         return parse_input(tool, args)
     from engram_memory.retrieval.lexical import LexicalIndex
     from engram_memory.retrieval.vectors import VectorIndex
-    from engram_memory.store.engine import Engine, embedding_text
-    from engram_memory.store.lifecycle import Lifecycle
+    from engram_memory.store.core.engine import Engine, embedding_text
+    from engram_memory.store.core.lifecycle import Lifecycle
 
     settings: dict[str, Any] = {"data_dir": data_dir, "semantic": semantic}
     if hnsw_threshold is not None:

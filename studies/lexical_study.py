@@ -9,7 +9,7 @@ scores, by nDCG@10 (and Recall@10/100 in the JSON):
   with ties broken on the document id like every other run here (the tie noise);
 * ``lexical now`` -- the channel as it is: retrieval/lexical.py's own :class:`LexicalIndex` (its
   analyzer, its five-field schema and weights, ``query_terms`` and ``max_query_terms``), fed the
-  fields the engine derives from an eval capture (store/lifecycle.py ``lexical_fields``): with the
+  fields the engine derives from an eval capture (store/core/lifecycle.py ``lexical_fields``): with the
   ``single`` mapping ``primary`` and ``context`` both hold title + text, ``citations`` the
   ``beir:<collection>:<doc id>`` source ref;
 * Tantivy variants that change one factor of "lexical v1" (the channel before stop words) at a

@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 
 from engram_memory.checks import secrets_eval  # noqa: E402
 from engram_memory.models.tools import CaptureInput, RequestAdmissionInput, parse_input, to_plain  # noqa: E402
-from engram_memory.store.secret_model import load_model  # noqa: E402
-from engram_memory.store.secrets import rules_only  # noqa: E402
+from engram_memory.store.screen.secret_model import load_model  # noqa: E402
+from engram_memory.store.screen.secrets import rules_only  # noqa: E402
 
 
 def main() -> None:

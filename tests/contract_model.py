@@ -3,7 +3,7 @@
 Nothing here touches the engine: the model says what an operation must answer, given what the
 model knows, and the ``check_*`` helpers compare a real answer with that expectation (raising
 ``AssertionError`` on any divergence). The rules modelled are those of models/states.py and
-store/lifecycle.py:
+store/core/lifecycle.py:
 
 * scope = (tenant, workspace); candidates and records belong to a scope, idempotency keys to a
   (scope, principal) pair; a foreign or unknown id is NOT_FOUND, the same answer either way;
@@ -14,7 +14,7 @@ store/lifecycle.py:
   forgotten record of the scope ``pending_adjudication`` (a ledger entry like any answer; the candidate stays pending);
 * record: current -> forgotten (tombstoned); forget of a forgotten record is ALREADY_TERMINAL;
   forget works from every other state (its receipt's from_state names it);
-* host operations (store/hostops.py, never an agent's tool): dispute current -> disputed; resolve
+* host operations (store/host/hostops.py, never an agent's tool): dispute current -> disputed; resolve
   disputed -> current | historical; supersede (current | disputed) -> historical by a current
   record of the same scope; revoke trust: every current record of the scope captured by a
   principal (or citing a source) -> trust_invalid (none: NOTHING_MATCHES); rewind historical ->

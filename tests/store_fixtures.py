@@ -102,7 +102,7 @@ def call(engine: Any, tool: str, c: HostContext, args: dict[str, Any]) -> dict[s
 
 def admit_texts(engine: Any, texts: list[str], *, settle_each: bool = False) -> list[str]:
     """Capture and admit each text (accepted); the record ids. ``settle_each`` projects every
-    admission before the next (store/projector.py groups them otherwise)."""
+    admission before the next (store/core/projector.py groups them otherwise)."""
     ids = []
     for i, text in enumerate(texts):
         cap = call(engine, "capture", ctx(), capture_args(text, key=f"capture-key-{i:06d}"))

@@ -23,9 +23,9 @@ from mcp.shared.exceptions import MCPError
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.crypto import COMMITTED, ROTATION_DIR, KeyStore, finish_rotation, key_file, key_files
-from engram_memory.store.engine import Engine
-from engram_memory.store.timeutil import to_instant
+from engram_memory.store.core.crypto import COMMITTED, ROTATION_DIR, KeyStore, finish_rotation, key_file, key_files
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.timeutil import to_instant
 from tests.conftest import CONTEXT, REPO, mcp_server, serve_argv
 from tests.conftest import capture_args as wire_capture
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args

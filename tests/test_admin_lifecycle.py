@@ -18,8 +18,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.rebuild import rebuild_index
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.maintenance.rebuild import rebuild_index
 from tests.conftest import (
     CONTEXT,
     Backend,

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.ledger import intent_hash
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.ledger import intent_hash
 from tests.conftest import REPO
 from tests.store_fixtures import T0, call, capture_args, ctx
 from tests.test_admin_cli import MARKER, fill_engine
@@ -313,12 +313,12 @@ def test_a_post_from_another_origin_is_refused_and_changes_nothing(
     assert "cross-site" not in main_text(page)
 
 
-# ---- the host operations (store/hostops.py) -----------------------------------------------------
+# ---- the host operations (store/host/hostops.py) -----------------------------------------------------
 
 
 def test_supersede_shows_its_digest_and_changes_the_search(page: Any, console: Console,
                                                             store: tuple[Path, dict[str, Any]]) -> None:
-    from engram_memory.store import hostops
+    from engram_memory.store.host import hostops
 
     old, new = store[1]["records"][0], store[1]["new"]
     page.goto(scope_url(console, "/search?q=DuckDB+lifecycle"))
@@ -491,10 +491,10 @@ def test_a_console_bound_to_one_scope_never_shows_another(browser: Any, store: t
 
 
 def park_forget(engine: Engine, c: Any, record_id: str, key: str) -> tuple[dict[str, Any], str]:
-    """The agent's forget from a client without elicitation, as the server parks it (store/approvals.py)."""
+    """The agent's forget from a client without elicitation, as the server parks it (store/host/approvals.py)."""
     from engram_memory.models.errors import EngramError
     from engram_memory.models.tools import parse_input
-    from engram_memory.store.approvals import admit_or_park
+    from engram_memory.store.host.approvals import admit_or_park
 
     args = {"record_id": record_id, "idempotency_key": key, "reason_ref": "reason:user-request"}
     with pytest.raises(EngramError) as refused:
@@ -506,7 +506,7 @@ def park_forget(engine: Engine, c: Any, record_id: str, key: str) -> tuple[dict[
 def test_approvals_are_listed_confirmed_and_decided_in_their_own_scope_only(
         browser: Any, tmp_path: Path, offline_env: dict[str, str]) -> None:
     from engram_memory.models.tools import parse_input
-    from engram_memory.store.approvals import admit_or_park
+    from engram_memory.store.host.approvals import admit_or_park
 
     data_dir = tmp_path / "data"
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))  # the wall clock: TTLs run
@@ -706,7 +706,7 @@ def test_the_journal_page_names_the_last_backup(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     from engram_memory.server.console.app import ConsoleState, create_app
-    from engram_memory.store.backup import backup_offline, new_backup_key
+    from engram_memory.store.maintenance.backup import backup_offline, new_backup_key
 
     data_dir = tmp_path / "data"
     build_store(data_dir)

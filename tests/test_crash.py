@@ -16,7 +16,7 @@ import pytest
 
 from engram_memory.checks.crash import Attempt, Op, check_answers, check_store, ledger_id, run_crash, run_trial
 from engram_memory.eval.bench_http import make_keys
-from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
+from engram_memory.store.maintenance.verify import JOURNAL_CORRUPT, verify_store
 
 
 def test_trials_survive_and_are_written(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from engram_memory.models.limits import LEXICAL_COVERAGE_FULL, SEMANTIC_FOREIGN_
 from engram_memory.retrieval.embedder import E5_MODEL_ID, MODEL_LANGUAGES, PACKAGED_MODEL_ID, foreign_language
 from engram_memory.retrieval.fusion import dbsf_bounds
 from engram_memory.retrieval.ranking import FusionConfig, rank
-from engram_memory.store.engine import Engine
-from engram_memory.store.explain import search_arguments
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.host.explain import search_arguments
 from tests.store_fixtures import PURPOSE, admission_args, call, capture_args, ctx
 from tests.test_engine_hybrid import HYBRID, open_engine, search
 
@@ -145,7 +145,7 @@ def test_a_query_the_model_cannot_read_scales_the_semantic_weight_down(arabic) -
     only = next(rid for rid, _ in got if "lexical" not in next(e for e in receipt["ranked"] if e["record_id"] == rid))
     assert math.isclose(dict(scaled)[only], SEMANTIC_FOREIGN_SCALE * dict(unscaled)[only], rel_tol=1e-9)
 
-    from engram_memory.store.explain import Receipt, check_receipt
+    from engram_memory.store.host.explain import Receipt, check_receipt
 
     args = {"query": ARABIC_QUERY, "purpose_ref": PURPOSE, "capability_policy": HYBRID, "limit": 20}
     held = Receipt(receipt, None, {})

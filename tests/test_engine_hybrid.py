@@ -18,8 +18,8 @@ from engram_memory.models.limits import SEMANTIC_FLOOR
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.vectors import normalize_rows
-from engram_memory.store.engine import Engine
-from engram_memory.store.rebuild import rebuild_index
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.maintenance.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import PURPOSE, RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 

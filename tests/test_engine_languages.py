@@ -10,8 +10,8 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.digests import receipt_digest
 from engram_memory.retrieval import languages
 from engram_memory.retrieval.lexical import LexicalDoc, query_terms
-from engram_memory.store.explain import check_receipt, explain_with, parse_receipt, search_arguments
-from engram_memory.store.rebuild import rebuild_index
+from engram_memory.store.host.explain import check_receipt, explain_with, parse_receipt, search_arguments
+from engram_memory.store.maintenance.rebuild import rebuild_index
 from tests.store_fixtures import PURPOSE, ctx
 from tests.test_engine_lexical import admit, open_engine, search
 

@@ -11,8 +11,8 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.rebuild import rebuild_index
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.maintenance.rebuild import rebuild_index
 from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import PURPOSE, RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 

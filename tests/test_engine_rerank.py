@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from engram_memory.models.canonical import canonical_bytes
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 from tests.store_fixtures import RERANK, T0, admission_args, call, capture_args, ctx, forget_args
 from tests.test_engine_hybrid import DOCS, HYBRID, open_engine, search
 

@@ -31,7 +31,7 @@ SAMPLE = REPO / "eval" / "sample"
 PREFIX = "engram-memory: error: "
 # A refusal takes about a second; loading the embedding model alone takes longer, an ingest minutes.
 REFUSAL_S = 30.0
-HEAVY = ("torch", "sentence_transformers", "ranx", "tantivy", "duckdb", "engram_memory.store.engine")
+HEAVY = ("torch", "sentence_transformers", "ranx", "tantivy", "duckdb", "engram_memory.store.core.engine")
 
 CORPUS = "".join(json.dumps({"_id": f"d{i}", "title": f"Title {i}", "text": f"text about topic {i}"}) + "\n"
                  for i in range(1, 6))

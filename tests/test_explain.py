@@ -23,8 +23,8 @@ import pytest
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.explain import check_receipt, explain_on, explain_with, parse_receipt, search_arguments
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.host.explain import check_receipt, explain_on, explain_with, parse_receipt, search_arguments
 from tests.conftest import CONTEXT, REPO, Backend, store_backend
 from tests.store_fixtures import PURPOSE, T0, call, capture_args, ctx, forget_args
 from tests.test_golden_transcript import CLOCK_A_MS, CLOCK_B_MS, GOLDEN, PAGER, _align_floats
@@ -436,8 +436,8 @@ def test_the_servers_settings_come_from_its_config(tmp_path: Path) -> None:
 def test_host_operations_are_replayed_as_of_the_receipt(lexical_store: tuple[Path, list[str], dict[str, Any]],
                                                         tmp_path: Path) -> None:
     """A record disputed after a receipt still counts for it; one resolved back to current counts
-    again for a receipt taken after the resolve (store/hostops.py events, replayed in order)."""
-    from engram_memory.store.hostops import dispute_with, resolve_with
+    again for a receipt taken after the resolve (store/host/hostops.py events, replayed in order)."""
+    from engram_memory.store.host.hostops import dispute_with, resolve_with
 
     data_dir, ids, early = lexical_store
     ranked = [e["record_id"] for e in early["rank_receipt"]["ranked"]]

@@ -31,10 +31,10 @@ from engram_memory.checks.forensic import (
 )
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.vectors import VectorIndex, normalize_rows
-from engram_memory.store import crypto
-from engram_memory.store.crypto import open_sealed
-from engram_memory.store.engine import Engine, embedding_text
-from engram_memory.store.lifecycle import pending_context, record_context
+from engram_memory.store.core import crypto
+from engram_memory.store.core.crypto import open_sealed
+from engram_memory.store.core.engine import Engine, embedding_text
+from engram_memory.store.core.lifecycle import pending_context, record_context
 from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import (
     AGENT_FIELDS,

@@ -1,7 +1,7 @@
-"""Host lifecycle operations (store/hostops.py) on the REAL engine, on DuckDB and on PostgreSQL.
+"""Host lifecycle operations (store/host/hostops.py) on the REAL engine, on DuckDB and on PostgreSQL.
 
 On DuckDB the operator's engine is the serving engine itself (as the owner applies a host
-operation in process); on PostgreSQL it is an admin node (store/postgres/admin.py) beside a
+operation in process); on PostgreSQL it is an admin node (store/core/admin_node.py) beside a
 serving node, which must follow each operation from the shared journal. The agent's side is
 called through the engine's typed API with the contract's models (tests/store_fixtures.py call).
 """
@@ -20,8 +20,10 @@ import pytest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.hostops import (
+from engram_memory.store.core.admin_node import admin_engine
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.host.hostops import (
     apply_operation,
     dispute_with,
     operation_digest,
@@ -31,11 +33,9 @@ from engram_memory.store.hostops import (
     supersede_family_with,
     supersede_with,
 )
-from engram_memory.store.postgres.admin import admin_engine
+from engram_memory.store.maintenance.verify import verify_postgres, verify_store
 from engram_memory.store.postgres.backend import init_store
 from engram_memory.store.postgres.databases import create_database, drop_database
-from engram_memory.store.refusals import AdminRefusal, AdminUsageError
-from engram_memory.store.verify import verify_postgres, verify_store
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
 
 REASON = "the operator checked the source document"
@@ -348,7 +348,7 @@ def test_a_node_that_was_away_catches_up_on_every_operation(rig: Rig) -> None:
     live = {w: sorted(rig.search(w)) for w in words}
     assert live["amber"] == [ids[0]]
     if rig.url is None:
-        from engram_memory.store.rebuild import rebuild_index
+        from engram_memory.store.maintenance.rebuild import rebuild_index
 
         rig.engine.close()
         rebuild_index(rig.root / "data", show_progress=False, semantic=False)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from engram_memory.eval.bench_import import graph_lines
-from engram_memory.store import transfer
-from engram_memory.store.crypto import key_files
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.crypto import key_files
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.host import transfer
 from tests.conftest import Backend
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
 from tests.test_transfer import PASSWORD, engine_on, other  # noqa: F401 - the fixture

@@ -128,7 +128,7 @@ def test_the_graph_sees_the_tree() -> None:
     graph = import_graph(modules_in(installed_folders()))
     assert {m.split(".")[1] for m in graph} == set(PACKAGES)
     assert "engram_memory.server.admin.app" in graph["engram_memory.server.cli"]  # top level
-    assert "engram_memory.store.engine" in graph["engram_memory.server.console.command"]  # inside a function
+    assert "engram_memory.store.core.engine" in graph["engram_memory.server.console.command"]  # inside a function
 
 
 def test_a_cycle_is_found(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The data keys' fanned-out directory (issue 40 §3): ``keys/<2 hex>/<name>`` (store/crypto.py
+"""The data keys' fanned-out directory (issue 40 §3): ``keys/<2 hex>/<name>`` (store/core/crypto.py
 ``key_file``), and a store written in the flat layout before it (``keys/<name>``) still verifies as
 it is, is fanned out at its next open (a crash in the middle loses no key), and forgets correctly.
 Real engines and data dirs (no embedding model), the real ``admin verify``.
@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.crypto import KEYS_DIR, KeyStore, fan_out, key_file, key_files
-from engram_memory.store.engine import Engine
-from engram_memory.store.verify import verify_store
+from engram_memory.store.core.crypto import KEYS_DIR, KeyStore, fan_out, key_file, key_files
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.maintenance.verify import verify_store
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
 
 TEXTS = [f"Note {i} about the heron migration and ledger {i}" for i in range(12)]

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 from tests.conftest import CONTEXT, REPO, capture_args, key, mcp_server, serve_argv
 
 SCOPES = [("tenant-a", "ws-1"), ("tenant-b", "ws-2")]

@@ -61,7 +61,7 @@ def test_import_graph_is_one_way() -> None:
 def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     """The graph test would fail on a retrieval module importing store (it is not vacuous)."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from engram_memory.store.engine import Engine\n", encoding="utf-8")
+    bad.write_text("def f():\n    from engram_memory.store.core.engine import Engine\n", encoding="utf-8")
     assert imported_packages(bad) == {"store"}
     assert "store" not in ALLOWED["retrieval"]
     with pytest.raises(AssertionError):

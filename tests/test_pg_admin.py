@@ -23,8 +23,8 @@ import pytest
 from engram_memory.models.canonical import canonical_text
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.crypto import key_files
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.crypto import key_files
+from engram_memory.store.core.engine import Engine
 from tests.conftest import ALL, CONTEXT, REPO, fresh_database
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args
 from tests.test_admin_cli import MARKER, QUERIES, SCOPE, TEXTS, admin, fill_engine, ok_json, refused
@@ -152,7 +152,7 @@ def test_migrate_answers_the_same_searches_with_the_same_scores(tmp_path: Path, 
     assert checked["ok"] is True and checked["scopes_checked"] == [SCOPE] and checked["key_files"] == 5
     assert ok_json(["history", *pg(pg_database, None), "--scope", SCOPE]) == duck_history
     assert ok_json(["candidates", *pg(pg_database, key), "--scope", SCOPE]) == duck_candidates
-    # the store's embedding model goes with it (store/embedding_model.py)
+    # the store's embedding model goes with it (store/core/embedding_model.py)
     recorded = sql(pg_database, "SELECT value FROM meta WHERE key = 'embedding_model'")
     assert recorded and json.loads(recorded[0][0])["model"] == "all-MiniLM-L6-v2"
 

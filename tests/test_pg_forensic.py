@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.keyfile import new_key_file
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.keyfile import new_key_file
 from engram_memory.store.postgres.backend import init_store
 from tests.store_fixtures import (
     AGENT_FIELDS,

@@ -97,7 +97,7 @@ def test_a_node_directory_caches_one_store(pg_url: str, tmp_path: Path) -> None:
     """A node dir pointed at another store (re-initialised, or replaced under the same URL) discards
     the projections it built from the first one instead of serving them as the new store's."""
     from engram_memory.models.settings import EngineSettings
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
     from tests.conftest import fresh_database
     from tests.store_fixtures import T0, admission_args, call, capture_args, ctx
 

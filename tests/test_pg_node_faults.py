@@ -19,7 +19,8 @@ import pytest
 
 from engram_memory.models.hostauth import CLOCK_LEEWAY_S
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.timeutil import to_instant
 from engram_memory.store.postgres.backend import (
     HEARTBEAT_S,
     POLL_S,
@@ -28,7 +29,6 @@ from engram_memory.store.postgres.backend import (
     PostgresStore,
     init_store,
 )
-from engram_memory.store.timeutil import to_instant
 from tests.conftest import fresh_database, search_args
 from tests.store_fixtures import admission_args, call, capture_args, ctx, forget_args, withdraw_args
 

@@ -18,7 +18,7 @@ import pytest
 
 from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.settings import EngineSettings, parse_bytes
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 from tests.conftest import REPO, SERVER_PYTHON, Backend, store_backend
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx
 

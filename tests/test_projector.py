@@ -1,4 +1,4 @@
-"""Admissions answer before their projection updates; those follow in groups (store/projector.py).
+"""Admissions answer before their projection updates; those follow in groups (store/core/projector.py).
 
 What must hold whatever the grouping's timing: a read right after an admission sees it in both
 channels, with the same bytes as a store that projected every record before answering; a forget
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from engram_memory.models.canonical import canonical_bytes
-from engram_memory.store import projector
-from engram_memory.store.engine import Engine
+from engram_memory.store.core import projector
+from engram_memory.store.core.engine import Engine
 from tests.retrieval_fixtures import disk_files
 from tests.store_fixtures import admit_texts, call, ctx, forget_args
 from tests.test_engine_hybrid import DOCS, HYBRID, open_engine, search
@@ -89,7 +89,7 @@ def test_a_forget_before_the_group_lands_leaves_nothing_behind(tmp_path: Path) -
 CRASH = """
 import os, sys
 from pathlib import Path
-import engram_memory.store.projector as projector
+import engram_memory.store.core.projector as projector
 projector.QUIET_S = projector.MAX_WAIT_S = 3600.0  # the group never closes before the process dies
 from tests.test_projector import admit_all
 from tests.test_engine_hybrid import DOCS, open_engine

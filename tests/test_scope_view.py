@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engram_memory.store.live import ScopeView, Window
+from engram_memory.store.core.live import ScopeView, Window
 
 instants = st.integers(min_value=0, max_value=100)
 windows = st.builds(

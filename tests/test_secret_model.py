@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from engram_memory.checks import secrets_eval
-from engram_memory.store.policy import DefaultAdmissionPolicy, secret_kind
-from engram_memory.store.secret_model import ARTEFACT, DIM, features, load_model, windows
-from engram_memory.store.secrets import CLASSIFIER_KIND, find_rule_secret, find_secret, rules_only
+from engram_memory.store.screen.policy import DefaultAdmissionPolicy, secret_kind
+from engram_memory.store.screen.secret_model import ARTEFACT, DIM, features, load_model, windows
+from engram_memory.store.screen.secrets import CLASSIFIER_KIND, find_rule_secret, find_secret, rules_only
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

@@ -24,9 +24,9 @@ from engram_memory.models.digests import record_id_from_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.policy import DefaultAdmissionPolicy, secret_kind
-from engram_memory.store.secrets import find_secret, strings_of
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.screen.policy import DefaultAdmissionPolicy, secret_kind
+from engram_memory.store.screen.secrets import find_secret, strings_of
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx
 
 CORPUS = secrets_eval.DEFAULT_CORPUS  # shipped with the package (engram_memory/checks/secrets/)

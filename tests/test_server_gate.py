@@ -155,7 +155,7 @@ async def test_no_elicitation_capability_is_protocol_error() -> None:
 
 
 async def test_no_elicitation_goes_to_the_operator_queue_when_the_host_queues() -> None:
-    """confirm_fallback = "queue" (the serve default): the dispatcher parks the call (store/approvals.py)."""
+    """confirm_fallback = "queue" (the serve default): the dispatcher parks the call (store/host/approvals.py)."""
     gate = ConfirmationGate(frozenset(), ttl_s=42, queue=True)
     with pytest.raises(OperatorApproval) as info:
         await gate.confirm(modern_ctx(types.ClientCapabilities()), call(ARGS), "forget", ARGS, HOST)

@@ -15,7 +15,7 @@ forward). Every answer is compared with the plain-Python model in tests/contract
 * search and get never return another scope's record nor a forgotten one; get of a foreign,
   forgotten or unknown id is the same NOT_FOUND; a search for a word finds exactly the model's
   current records of the scope holding it (all pages, with their texts);
-* host operations (store/hostops.py: dispute, resolve, supersede, revoke trust, rewind) move
+* host operations (store/host/hostops.py: dispute, resolve, supersede, revoke trust, rewind) move
   records as the model's state machine says, or are refused (ILLEGAL_TRANSITION, NOTHING_MATCHES,
   the operator's mistakes) without a journal event; forget then starts from every state they
   reach, its receipt naming it;
@@ -68,12 +68,12 @@ from engram_memory.models.limits import LIMIT_MAX, PACKET_BYTES_MAX
 from engram_memory.models.outputs import validate_output
 from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import query_terms
-from engram_memory.store.engine import Engine
-from engram_memory.store.hostops import dispute_with, resolve_with, revoke_trust_with, rewind_with, supersede_with
-from engram_memory.store.policy import _texts, contains_secret
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.host.hostops import dispute_with, resolve_with, revoke_trust_with, rewind_with, supersede_with
 from engram_memory.store.postgres.backend import init_store
 from engram_memory.store.postgres.databases import create_database, drop_database
-from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.screen.policy import _texts, contains_secret
 from tests.contract_model import (
     CURRENT,
     DISPUTED,

@@ -1,4 +1,4 @@
-"""The operator's queue in the store (store/approvals.py), on a real engine of each backend, with a
+"""The operator's queue in the store (store/host/approvals.py), on a real engine of each backend, with a
 clock the test moves: parking, approval within the window, denial, expiry, digest conflicts, the
 sealed arguments' key destroyed with the decision, and the approved call's error answered again."""
 
@@ -13,9 +13,9 @@ import pytest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.settings import EngineSettings
 from engram_memory.models.tools import parse_input
-from engram_memory.store import approvals
-from engram_memory.store.engine import Engine
-from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.host import approvals
 from tests.conftest import Backend
 from tests.store_fixtures import T0, admit_texts, call, ctx, forget_args
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
-from engram_memory.store.rwlock import RWLock
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.rwlock import RWLock
 from tests.store_fixtures import PURPOSE, T0, admission_args, call, capture_args, ctx, forget_args
 
 

@@ -11,9 +11,9 @@ from engram_memory.models.context import HostPolicy
 from engram_memory.models.errors import EngramError
 from engram_memory.models.outputs import validate_output
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import KeyStore, key_files
+from engram_memory.store.core.crypto import KeyStore, key_files
+from engram_memory.store.core.lifecycle import Lifecycle
 from engram_memory.store.duckdb.backend import Database
-from engram_memory.store.lifecycle import Lifecycle
 from tests.store_fixtures import T0, admission_args, capture_args, ctx, forget_args, withdraw_args
 
 SECRET_TEXT = "The staging database lives at postgres://admin:Sup3rS3cret@db.internal:5432/app"

@@ -1,4 +1,4 @@
-"""A store remembers its embedding model (store/embedding_model.py), on both backends: a new store
+"""A store remembers its embedding model (store/core/embedding_model.py), on both backends: a new store
 records the model it is created with (name, then id and digest once loaded), a later open without
 a model uses it, another model named is refused, and a switch (rebuild-index) records the new one."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from engram_memory.models.settings import DEFAULT_MODEL, EngineSettings
 from engram_memory.retrieval.embedder import PACKAGED_MODEL_ID
-from engram_memory.store.embedding_model import ModelMismatch
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.embedding_model import ModelMismatch
+from engram_memory.store.core.engine import Engine
 from tests.conftest import Backend
 
 
@@ -87,6 +87,9 @@ def test_an_older_store_with_vectors_records_only_a_named_model(tmp_path: Path) 
         engine.close()
     engine = Engine.open(EngineSettings(data_dir=tmp_path, model=DEFAULT_MODEL))
     try:
+        # The model loads on a background thread that then uses the store's connection: this test reads
+        # that connection directly (an engine call would take the engine's lock), so it waits first.
+        assert engine.wait_semantic(300)
         assert json.loads(engine.db.embedding_model() or "{}")["model"] == DEFAULT_MODEL
     finally:
         engine.close()

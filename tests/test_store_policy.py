@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engram_memory.store.policy import contains_secret
+from engram_memory.store.screen.policy import contains_secret
 
 SECRETS = [
     "DATABASE_PASSWORD=s3cr3tvalue",
@@ -49,7 +49,7 @@ def test_the_screen_keeps_no_strings_beyond_an_import_batch() -> None:
     """A process-wide cache of screened strings would answer a string another tenant sent sooner than a
     new one (a timing channel across tenants) and keep agent text in memory after forget: only a batch
     of one import caches, and only for the batch."""
-    from engram_memory.store import policy
+    from engram_memory.store.screen import policy
 
     payload = {"components": [{"text": "we moved the standup to ten on Mondays"}]}
     assert policy.secret_kind(payload, {}) is None
@@ -61,7 +61,7 @@ def test_the_screen_keeps_no_strings_beyond_an_import_batch() -> None:
     assert policy._batch_cache.get() is None
     assert not hasattr(policy, "_screen_short")
     # Nor the learned screen's features: no function of it holds a cache of the tokens it saw.
-    from engram_memory.store import secret_model
+    from engram_memory.store.screen import secret_model
 
     assert policy.secret_kind({"components": [{"text": "wifi pass is pollitos1958"}]}, {}) is not None
     caching = [name for name, f in vars(secret_model).items() if callable(f) and hasattr(f, "cache_info")

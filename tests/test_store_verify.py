@@ -1,4 +1,4 @@
-"""store/verify.py over a real store (DuckDB, key files, Tantivy): clean passes, each planted fault fails."""
+"""store/maintenance/verify.py over a real store (DuckDB, key files, Tantivy): clean passes, each fault fails."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from engram_memory.models.settings import EngineSettings
 from engram_memory.retrieval.lexical import LexicalIndex
 from engram_memory.retrieval.projections import scope_dirname
 from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import key_file
-from engram_memory.store.engine import Engine
-from engram_memory.store.rebuild import NoStoreError
-from engram_memory.store.verify import JOURNAL_CORRUPT, verify_store
+from engram_memory.store.core.crypto import key_file
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.maintenance.rebuild import NoStoreError
+from engram_memory.store.maintenance.verify import JOURNAL_CORRUPT, verify_store
 from tests.store_fixtures import T0, admission_args, call, capture_args, ctx, forget_args, withdraw_args
 
 TEXTS = ["We adopted DuckDB as the single source of truth.", "Tantivy ranks the lexical channel with BM25.",

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.crypto import key_files
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.crypto import key_files
+from engram_memory.store.core.engine import Engine
 from tests.conftest import DUCKDB, Backend, store_backend
 from tests.store_fixtures import T0, call, capture_args, ctx, forget_args, sha, withdraw_args
 from tests.test_admin_cli import admin, ok_json, refused
@@ -501,7 +501,7 @@ def test_sigint_says_how_far_and_sigkill_is_recoverable_then_the_same_command_fi
 
 
 def test_verify_names_an_orphan_key_as_recoverable_and_the_next_open_repairs_it(tmp_path: Path) -> None:
-    from engram_memory.store.crypto import KeyStore
+    from engram_memory.store.core.crypto import KeyStore
 
     where = tmp_path / "store"
     engine = engine_on(DUCKDB, where)

@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from engram_memory.models.settings import EngineSettings  # noqa: E402
-from engram_memory.store.adjudicate import adjudicate_with  # noqa: E402
-from engram_memory.store.engine import AuditEvent, Engine  # noqa: E402
+from engram_memory.store.core.engine import AuditEvent, Engine  # noqa: E402
+from engram_memory.store.host.adjudicate import adjudicate_with  # noqa: E402
 from tests.store_fixtures import call, capture_args, ctx  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
@@ -114,7 +114,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         made = build(data_dir)
-        from engram_memory.store.backup import backup_offline, new_backup_key
+        from engram_memory.store.maintenance.backup import backup_offline, new_backup_key
 
         backup_offline(data_dir, Path(tmp) / "engram.tar", new_backup_key())  # the journal page names it
         with socket.socket() as s:

@@ -5,7 +5,7 @@ rotate-master-key, init-store, migrate (store_setup.py); approvals, approve, den
 explain, check-receipt (explain.py); dispute, resolve, supersede, revoke-trust, rewind
 (lifecycle.py); export, import (transfer.py). Each prints a table (stdout) or, with ``--json``, one
 JSON document. A mistake of the operator is one ``engram-memory: error:`` line and exit 2; a
-refusal is one line naming its code (store/refusals.py: BACKUP_INVALID, RESTORE_REFUSED,
+refusal is one line naming its code (store/core/refusals.py: BACKUP_INVALID, RESTORE_REFUSED,
 JOURNAL_CORRUPT, STORE_BUSY, STORE_INCONSISTENT, NOT_ADJUDICABLE) and exit 1. Only ``backup`` runs
 alongside a server (the owner makes the copy over its socket); every other command refuses while
 another process holds the data dir. On a PostgreSQL store (``--store URL --master-key-file FILE``,

@@ -1,5 +1,5 @@
 """``engram-memory admin approvals|approve|deny``: the operator decides the requests a client
-without elicitation could not have its human confirm (store/approvals.py).
+without elicitation could not have its human confirm (store/host/approvals.py).
 
 ``approvals`` lists the requests awaiting a decision; ``approve`` runs one at once, under the
 agent's bound context (its answer goes into the idempotency ledger: the agent's retry with the
@@ -43,7 +43,7 @@ Reason = Annotated[str, typer.Option("--reason", help="Why (kept with the decisi
 
 def _run(body: dict[str, Any], data_dir: Path | None, store: str | None, key_file: Path | None,
          what: str) -> dict[str, Any]:
-    """One approval request (store/approvals.py through server/admin/socket_routes.approval_request), where
+    """One approval request (store/host/approvals.py through server/admin/socket_routes.approval_request), where
     the store is."""
     from engram_memory.server.admin.socket_routes import approval_request
 
@@ -54,7 +54,7 @@ def _run(body: dict[str, Any], data_dir: Path | None, store: str | None, key_fil
 
         with _pg_outcomes(), _busy(f"{what} on the PostgreSQL store"), admin_engine(pg.url, pg.key_file) as engine:
             return approval_request(engine, body)
-    from engram_memory.store.backup import held_by_another
+    from engram_memory.store.maintenance.backup import held_by_another
 
     target = _target(data_dir)
     online = held_by_another(target) if target.is_dir() else False
@@ -77,7 +77,7 @@ def _offline(data_dir: Path, body: dict[str, Any]) -> dict[str, Any]:
     indexes what changed)."""
     from engram_memory.models.settings import EngineSettings
     from engram_memory.server.admin.socket_routes import approval_request
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
@@ -105,7 +105,7 @@ def approvals_cmd(scope: Scope = None, data_dir: DataDir = None, store: PgStore 
 
 def _decide(request: str, approve: bool, reason: str, data_dir: Path | None, store: str | None,
             key_file: Path | None, json_out: bool) -> None:
-    from engram_memory.store.adjudicate import check_reason
+    from engram_memory.store.host.adjudicate import check_reason
 
     with _outcomes():
         check_reason(reason)  # before the store is touched

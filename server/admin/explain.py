@@ -3,7 +3,7 @@
 explain re-derives a search's rank receipt from the store as of the receipt's cursor and says
 whether it matches (exit 0, a short table) or where it differs (exit 1, one line per difference,
 then RECEIPT_MISMATCH). check-receipt needs no store: it recomputes the receipt's own digests
-from its content (exit 1 naming each field that disagrees). The logic is store/explain.py's.
+from its content (exit 1 naming each field that disagrees). The logic is store/host/explain.py's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from engram_memory.server.admin.options import (
     _table,
     _target,
 )
-from engram_memory.store.refusals import RECEIPT_MISMATCH
+from engram_memory.store.core.refusals import RECEIPT_MISMATCH
 
 commands = typer.Typer()  # registered on admin_app by server/admin/app.py
 
@@ -123,7 +123,7 @@ def explain_cmd(
     does). Exit 0 when every id, score and digest matches; exit 1 (RECEIPT_MISMATCH)
     with one line per difference -- also when a record the receipt names has been forgotten since
     (its id only). The scope is inferred from the ranked records; name it with --scope otherwise."""
-    from engram_memory.store.explain import explain_on, read_receipt, search_arguments
+    from engram_memory.store.host.explain import explain_on, read_receipt, search_arguments
 
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
@@ -134,7 +134,7 @@ def explain_cmd(
     with _outcomes():
         parsed = read_receipt(receipt)
         arguments = search_arguments(parsed, **_given(query, purpose_ref, limit, max_packet_bytes, minimum_channels))
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     if pg is not None:
         assert pg.key_file is not None
@@ -142,7 +142,7 @@ def explain_cmd(
 
         with _pg_outcomes(), _busy("re-deriving the ranking"), \
                 tempfile.TemporaryDirectory(prefix="engram-explain-") as node:
-            # An admin node of its own (as store/postgres/admin.py's), with the server's settings.
+            # An admin node of its own (as store/core/admin_node.py's), with the server's settings.
             engine = Engine.open(_settings(config, model_path, data_dir=Path(node), store=pg.url,
                                            master_key_file=pg.key_file))
             try:
@@ -193,7 +193,7 @@ def check_receipt_cmd(
     ranking; request_digest when the query is given (in the file or with --query and the other
     options). Ranks, and each channel's ranks against its scores, must be consistent. Exit 0 when
     everything agrees; exit 1 (RECEIPT_MISMATCH) with one line per field that does not."""
-    from engram_memory.store.explain import check_receipt, given_arguments, read_receipt
+    from engram_memory.store.host.explain import check_receipt, given_arguments, read_receipt
 
     with _outcomes():
         parsed = read_receipt(receipt)

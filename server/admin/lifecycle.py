@@ -1,6 +1,6 @@
 """``engram-memory admin dispute|resolve|supersede|revoke-trust|rewind``: host lifecycle operations.
 
-Each is one journalled transition with the operator's reason (store/hostops.py). On a data dir a
+Each is one journalled transition with the operator's reason (store/host/hostops.py). On a data dir a
 server holds (a stdio owner, a daemon, ``serve --http``), the command goes through the owner's
 local socket route (server/admin/socket_routes.py), the way ``admin backup`` does, and the running
 server applies it in process; on a data dir no server holds, the command opens the store itself;
@@ -46,8 +46,8 @@ Record = Annotated[str, typer.Option("--record", help="The record id (mem_...)."
 def _run(operation: dict[str, Any], data_dir: Path | None, store: str | None, key_file: Path | None,
          json_out: bool, scope_ref: str | None = None) -> None:
     """Apply one operation request where the store is, and print its answer."""
-    from engram_memory.store.adjudicate import check_reason
-    from engram_memory.store.hostops import apply_operation, operation_digest
+    from engram_memory.store.host.adjudicate import check_reason
+    from engram_memory.store.host.hostops import apply_operation, operation_digest
 
     pg = _postgres(store, key_file, data_dir)
     with _outcomes():
@@ -57,13 +57,13 @@ def _run(operation: dict[str, Any], data_dir: Path | None, store: str | None, ke
     if pg is not None:
         assert pg.key_file is not None
         _pg_scope(pg, scope_ref)
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), _busy(f"{operation['operation']} on the PostgreSQL store"), \
                 admin_engine(pg.url, pg.key_file) as engine:
             result = apply_operation(engine, operation, _now())
     else:
-        from engram_memory.store.backup import held_by_another
+        from engram_memory.store.maintenance.backup import held_by_another
 
         target = _target(data_dir)
         online = held_by_another(target) if target.is_dir() else False
@@ -97,8 +97,8 @@ def _offline(data_dir: Path, operation: dict[str, Any]) -> dict[str, Any]:
     """The data dir's own engine, without the embedding model (a record back to current keeps its
     stored vector: a server indexes it again when it opens the store)."""
     from engram_memory.models.settings import EngineSettings
-    from engram_memory.store.engine import Engine
-    from engram_memory.store.hostops import apply_operation
+    from engram_memory.store.core.engine import Engine
+    from engram_memory.store.host.hostops import apply_operation
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:

@@ -36,9 +36,9 @@ from engram_memory.server.admin.options import (
     _table,
     _target,
 )
-from engram_memory.store.refusals import STORE_INCONSISTENT
+from engram_memory.store.core.refusals import STORE_INCONSISTENT
 
-# What verify says when every problem is of the kind an interrupted write leaves (store/verify.py).
+# What verify says when every problem is of the kind an interrupted write leaves (store/maintenance/verify.py).
 RECOVERABLE = ("all of the recoverable kind an interrupted write (a crash, a kill) leaves, nothing lost: the next"
                " open repairs it (start the server on the store, or run the interrupted command again)")
 
@@ -59,7 +59,7 @@ def verify_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
     fails, STORE_INCONSISTENT for anything else."""
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.verify import verify_postgres, verify_store
+    from engram_memory.store.maintenance.verify import verify_postgres, verify_store
 
     if pg is not None:
         assert pg.key is not None and pg.key_file is not None
@@ -128,7 +128,7 @@ def backup_cmd(
     format as a DuckDB store's (restorable into either backend); it carries no projections (each
     node rebuilds its own). PostgreSQL's own tools (pg_dump, base backups) also work, but a dump
     holds keys wrapped by the master key: keep the two apart."""
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     pg = _postgres(store, master_key_file, data_dir)
     target = _target(data_dir)
@@ -181,7 +181,7 @@ def _emit_backup(json_out: bool, report: Any, online: bool, title: str) -> None:
 
 
 def _backup_postgres(pg: _Pg, out: Path, key_path: Path, json_out: bool) -> None:
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     assert pg.key is not None and pg.key_file is not None
     key = bk.new_backup_key()
@@ -222,7 +222,7 @@ def restore_cmd(
     With --store URL --master-key-out FILE: into an empty PostgreSQL store (a backup of either
     backend), its keys re-wrapped under a new master key written to FILE (only if the restore
     commits); a store that is initialised or holds any row is refused (RESTORE_REFUSED)."""
-    from engram_memory.store import backup as bk
+    from engram_memory.store.maintenance import backup as bk
 
     target = _target(data_dir)
     key_path = key or from_.with_name(from_.name + ".key")
@@ -258,8 +258,8 @@ def restore_cmd(
 
 
 def _restore_postgres(url: str, from_: Path, key_path: Path, master_key_out: Path | None, json_out: bool) -> None:
-    from engram_memory.store import backup as bk
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
+    from engram_memory.store.maintenance import backup as bk
 
     if master_key_out is None:
         raise _fail("--store needs --master-key-out FILE: where the restored store's master key is written")

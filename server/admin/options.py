@@ -3,7 +3,7 @@
 store is (a data dir or a PostgreSQL store), and how a report is printed (a table, or ``--json``).
 
 A mistake of the operator is one ``engram-memory: error:`` line and exit 2; a refusal is one line
-naming its code (store/refusals.py) and exit 1. Imports no other module of server/admin/.
+naming its code (store/core/refusals.py) and exit 1. Imports no other module of server/admin/.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engram_memory.models.context import HOST_ID_PATTERN
+from engram_memory.models.context import HOST_ID_PATTERN, scope_names
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -52,7 +52,7 @@ def _refuse(code: str, message: str) -> typer.Exit:
 @contextmanager
 def _outcomes() -> Iterator[None]:
     """Store refusals and usage errors as one line each (no traceback)."""
-    from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+    from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
 
     try:
         yield
@@ -79,8 +79,6 @@ def _scope_ref(scope: str | None) -> str | None:
 
 
 def _pair(scope_ref: str) -> str:
-    from engram_memory.store.rebuild import scope_names
-
     names = scope_names(scope_ref)
     return f"{names[0]}/{names[1]}" if names else scope_ref
 
@@ -121,7 +119,7 @@ def _pg_outcomes() -> Iterator[None]:
     key) is a launch mistake: one line, exit 2, as a node's launch; a lost connection mid-command
     is STORE_UNAVAILABLE (exit 1). Admin refusals as everywhere (``_outcomes``)."""
     from engram_memory.store.backend import StoreRefused, is_store_error
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.refusals import STORE_BUSY
 
     try:
         with _outcomes():
@@ -160,8 +158,8 @@ def _closed_store(data_dir: Path, scope_ref: str | None = None) -> list[str]:
     """Check that ``data_dir`` holds a store no other process holds (and the scope, if given);
     read-only, nothing created. Returns the store's scopes."""
     from engram_memory.store.backend import StoreBusyError
-    from engram_memory.store.rebuild import NoStoreError, existing_scopes
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.refusals import STORE_BUSY
+    from engram_memory.store.maintenance.rebuild import NoStoreError, existing_scopes
 
     try:
         scopes = existing_scopes(data_dir)
@@ -209,7 +207,7 @@ def _busy(message: str) -> Any:
 
 
 def _now() -> int:
-    from engram_memory.store.timeutil import default_clock
+    from engram_memory.store.core.timeutil import default_clock
 
     return default_clock()()
 

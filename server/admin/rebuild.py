@@ -78,8 +78,8 @@ def rebuild_index_cmd(
 
     # 2. The store: read-only checks first (rebuild_index creates nothing before they pass).
     from engram_memory.store.backend import StoreBusyError, StoreRefused
-    from engram_memory.store.rebuild import NoStoreError, UnknownScopeError, rebuild_index
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.refusals import STORE_BUSY
+    from engram_memory.store.maintenance.rebuild import NoStoreError, UnknownScopeError, rebuild_index
 
     try:
         report = rebuild_index(target, scope_ref=scope_ref, verify=verify, model_path=model_path,

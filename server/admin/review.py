@@ -50,7 +50,7 @@ def expire_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
     its projections when it catches up from the journal (at once, or before its next read)."""
     scope_ref = _scope_ref(scope)
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.expire import expire, expire_with
+    from engram_memory.store.host.expire import expire, expire_with
 
     if pg is not None:
         assert pg.key_file is not None
@@ -88,7 +88,7 @@ def adjudicate_cmd(
     if accept is None:
         raise _fail("say --accept or --reject")
     pg = _postgres(store, master_key_file, data_dir)
-    from engram_memory.store.adjudicate import adjudicate, adjudicate_with, check_reason
+    from engram_memory.store.host.adjudicate import adjudicate, adjudicate_with, check_reason
 
     with _outcomes():
         check_reason(reason)  # before the store is touched
@@ -154,7 +154,7 @@ def history_cmd(
     """A scope's journal: cursors, operations, ids, hashes and each event's own instant (never content).
 
     With --store: the PostgreSQL store's journal, live (--master-key-file optional: nothing is decrypted)."""
-    from engram_memory.store.history import journal, journal_listing
+    from engram_memory.store.host.history import journal, journal_listing
 
     events = _listing(scope, data_dir, store, master_key_file,
                       lambda inspector, ref: journal_listing(inspector.journal_tail(ref, limit)),
@@ -177,7 +177,7 @@ def candidates_cmd(
     """A scope's pending candidates: ids, principals, cursors, times, digests (never content).
 
     With --store: the PostgreSQL store's, live (--master-key-file optional: nothing is decrypted)."""
-    from engram_memory.store.history import candidate_listing, pending_candidates
+    from engram_memory.store.host.history import candidate_listing, pending_candidates
 
     rows = _listing(scope, data_dir, store, master_key_file,
                     lambda inspector, ref: candidate_listing(inspector.pending_candidates(ref)), pending_candidates)

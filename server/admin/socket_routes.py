@@ -1,13 +1,13 @@
 """The host-only requests the owner of a data dir answers on its socket: an online backup, the
 host lifecycle operations (dispute, resolve, supersede, revoke trust, rewind), and the operator's
-decisions on requests awaiting approval (store/approvals.py: list, approve, deny).
+decisions on requests awaiting approval (store/host/approvals.py: list, approve, deny).
 
 Not MCP tools and not on any TCP listener: the routes exist only on ``DATA_DIR/engram.sock``
 (mode 0600, owner-only directory), behind the same bearer check as the socket's /mcp, whose
 token only the data dir's user can read. DuckDB lets no second process read the store while
-a server holds it, so the owner copies it (store/backup.py ``snapshot``, under its engine's
+a server holds it, so the owner copies it (store/maintenance/backup.py ``snapshot``, under its engine's
 write lock) and streams the tar back; the CLI writes it (``engram-memory admin backup``). A
-host operation is applied by the owner in process (store/hostops.py, under its engine's write
+host operation is applied by the owner in process (store/host/hostops.py, under its engine's write
 lock), so its projections follow at once; the CLI prints the answer (server/admin/lifecycle.py).
 """
 
@@ -33,7 +33,7 @@ REFUSED_STATUS, USAGE_STATUS = 409, 422
 
 
 def admin_routes(engine: Any) -> list[Route]:
-    from engram_memory.store.backup import snapshot
+    from engram_memory.store.maintenance.backup import snapshot
 
     data_dir = Path(engine.config.data_dir)
 
@@ -60,7 +60,7 @@ def admin_routes(engine: Any) -> list[Route]:
         """A route that applies a JSON object body on a worker thread (``apply(body)``) and answers its
         result, an operator refusal, or a usage mistake, as the admin commands expect."""
         async def route(request: Request) -> Response:
-            from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+            from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
 
             try:
                 body = await request.json()
@@ -78,7 +78,7 @@ def admin_routes(engine: Any) -> list[Route]:
         return route
 
     def hostop(body: dict[str, Any]) -> Any:
-        from engram_memory.store.hostops import apply_operation
+        from engram_memory.store.host.hostops import apply_operation
 
         return apply_operation(engine, body, engine.clock())
 
@@ -90,8 +90,8 @@ def admin_routes(engine: Any) -> list[Route]:
 def approval_request(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
     """``{"action": "list", "scope_ref"?}`` or ``{"action": "approve"|"deny", "request_id", "reason"}``
     on an open engine: the owner's (through its socket), or one the command opened itself."""
-    from engram_memory.store import approvals
-    from engram_memory.store.refusals import AdminUsageError
+    from engram_memory.store.core.refusals import AdminUsageError
+    from engram_memory.store.host import approvals
 
     action = body.get("action")
     scope_ref = body.get("scope_ref")
@@ -135,7 +135,7 @@ def request_hostop(data_dir: Path, operation: dict[str, Any], path: str = HOSTOP
     answered."""
     import httpx2
 
-    from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+    from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
 
     try:
         with _owner_client(data_dir) as client:

@@ -63,7 +63,7 @@ def rotate_cmd(
                         " keeps its master key in its data dir")
         target = _target(data_dir)
         _closed_store(target)
-        from engram_memory.store.rotation import rotate_master_key
+        from engram_memory.store.maintenance.rotation import rotate_master_key
 
         with _outcomes(), _busy("re-wrapping data keys"):
             count = rotate_master_key(target)
@@ -78,7 +78,7 @@ def rotate_cmd(
     if not master_key_out.absolute().parent.is_dir():
         raise _fail(f"--master-key-out {master_key_out}: no such directory {master_key_out.absolute().parent}")
     assert pg.key is not None and pg.key_file is not None
-    from engram_memory.store.rotation import rotate_postgres
+    from engram_memory.store.maintenance.rotation import rotate_postgres
 
     with _pg_outcomes(), _busy("re-wrapping data keys"):
         try:
@@ -106,7 +106,7 @@ def init_store_cmd(
     """Create the schema of an empty PostgreSQL store and a new master key file for it."""
     url = _store_url(store)
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
 
     try:
         with new_key_file(master_key_out) as key:
@@ -157,9 +157,9 @@ def migrate_cmd(
     from rich.progress import Progress
 
     from engram_memory.store.backend import StoreBusyError, StoreRefused, is_store_error
-    from engram_memory.store.keyfile import new_key_file
+    from engram_memory.store.core.keyfile import new_key_file
+    from engram_memory.store.core.refusals import STORE_BUSY
     from engram_memory.store.postgres.migrate import MigrateUsageError, counts, migrate_store
-    from engram_memory.store.refusals import STORE_BUSY
 
     try:
         total = sum(counts(from_).values())

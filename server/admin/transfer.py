@@ -1,6 +1,6 @@
 """``engram-memory admin export`` and ``admin import``: a scope's current records to a JSON Lines
 file, and such a file (or the MCP memory server's knowledge graph) back through capture and
-admission. The logic is store/transfer.py's; this module parses options and prints reports.
+admission. The logic is store/host/transfer.py's; this module parses options and prints reports.
 
 A DuckDB data dir must not be held by a running server (STORE_BUSY, as every admin command but
 ``backup``): the engine opens the store itself, without the embedding model (a server embeds
@@ -59,15 +59,15 @@ def _engine(data_dir: Path | None, store: str | None, key_file: Path | None, *,
     if pg is not None:
         assert pg.key_file is not None
         _pg_scope(pg, scope_ref)
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
             yield engine
         return
     from engram_memory.models.settings import EngineSettings
     from engram_memory.store.backend import StoreBusyError
-    from engram_memory.store.engine import Engine
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.engine import Engine
+    from engram_memory.store.core.refusals import STORE_BUSY
 
     target = _target(data_dir)
     if not (create and (not target.exists() or (target.is_dir() and not any(target.iterdir())))):
@@ -101,8 +101,8 @@ def export_cmd(
         raise _fail(f"--out {out} already exists; choose a new file")
     if not out.absolute().parent.is_dir():
         raise _fail(f"--out {out}: no such directory {out.absolute().parent}")
-    from engram_memory.store.timeutil import to_instant
-    from engram_memory.store.transfer import export_lines, write_lines
+    from engram_memory.store.core.timeutil import to_instant
+    from engram_memory.store.host.transfer import export_lines, write_lines
 
     with _engine(data_dir, store, master_key_file, scope_ref=scope_ref) as engine, _busy("exporting"):
         lines = export_lines(engine, scope_ref, scope, to_instant(_now()))
@@ -137,7 +137,7 @@ def import_cmd(
     A DuckDB data dir that does not exist (or is empty) gets a new store."""
     scope_ref = _scope_ref(scope)
     assert scope_ref is not None
-    from engram_memory.store.transfer import import_items, read_items
+    from engram_memory.store.host.transfer import import_items, read_items
 
     progress = _Progress()
     with _outcomes():  # the whole file, before the store is opened (a refusal stays one line)

@@ -8,7 +8,7 @@ anything else; every response carries a strict Content-Security-Policy (no scrip
 all: the pages are plain HTML forms) and refuses framing, caching and referrers to other sites. A console
 bound to one scope (``scopes``) answers 404 for every other scope, as for an unknown one.
 
-What the pages read and do lives in the store (store/console_reads.py, store/console_ops.py);
+What the pages read and do lives in the store (store/console/console_reads.py, store/console/console_ops.py);
 engine calls run in a worker thread, one at a time (one operator, one console).
 """
 
@@ -35,8 +35,8 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_memory.server.console.plot import activity_svg
-from engram_memory.store import console_ops, console_reads
-from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.console import console_ops, console_reads
+from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
 
 HERE = Path(__file__).parent
 COOKIE = "engram_console"
@@ -280,7 +280,7 @@ class _Console:
         decision = form.get("decision")
         if decision not in ("accept", "reject"):
             raise HTTPException(400, "Say accept or reject.")
-        from engram_memory.store.adjudicate import adjudicate_with
+        from engram_memory.store.host.adjudicate import adjudicate_with
 
         def run() -> dict[str, Any]:
             pending = {c["candidate_id"] for c in console_reads.pending_candidates(self.state.engine, ref)}
@@ -411,7 +411,7 @@ class _Console:
                 raise AdminUsageError("revoke trust runs on this page's scope only")
             return
         if operation in ("approve", "deny"):
-            from engram_memory.store.approvals import find
+            from engram_memory.store.host.approvals import find
 
             found = find(self.state.engine, request["request_id"])
             if request["scope_ref"] != ref or found is None or found.scope_ref != ref:

@@ -70,8 +70,8 @@ def _serve_duckdb(data_dir: Path | None, scope_ref: str | None, semantic: bool, 
     from engram_memory.server.admin.options import _closed_store, _target
     from engram_memory.server.config import ConfigError, load_config
     from engram_memory.store.backend import StoreBusyError
-    from engram_memory.store.engine import Engine
-    from engram_memory.store.refusals import STORE_BUSY
+    from engram_memory.store.core.engine import Engine
+    from engram_memory.store.core.refusals import STORE_BUSY
 
     target = _target(data_dir)
     _closed_store(target)  # an existing store no server holds (one line otherwise), nothing created
@@ -95,7 +95,7 @@ def _serve(engine: Any, where: str, scope_ref: str | None, listener: Any, host: 
 
     from engram_memory.server.app import _closing_server
     from engram_memory.server.console.app import ConsoleState, create_app, loopback_hosts
-    from engram_memory.store.console_reads import scope_pair
+    from engram_memory.store.console.console_reads import scope_pair
 
     if scope_ref is not None and scope_ref not in engine.scopes():
         listed = ", ".join(scope_pair(s) for s in engine.scopes()[:20]) or "none"

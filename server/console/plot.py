@@ -1,6 +1,6 @@
 """The activity plot as inline SVG geometry (no script, no inline style: the CSP allows neither).
 
-Grouped bars per day: admitted, rejected, forgotten (store/console_reads.py ``activity``). The
+Grouped bars per day: admitted, rejected, forgotten (store/console/console_reads.py ``activity``). The
 template draws what this returns; colours are SVG presentation attributes."""
 
 from __future__ import annotations

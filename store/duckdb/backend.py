@@ -10,7 +10,6 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,14 @@ from engram_memory.store.backend import (
     RecordStatus,
     ReplayGuard,
     SealedRecord,
+    StoppedStore,
     StoreBusyError,
     StoreError,
     journal_changes_of,
     names_record,
     register_store_errors,
 )
-from engram_memory.store.dirlock import lock_data_dir
+from engram_memory.store.core.dirlock import lock_data_dir
 from engram_memory.store.duckdb.schema import migrate, rewrite_if_pending
 
 register_store_errors(duckdb.Error)
@@ -113,7 +113,7 @@ class Database:
         self.con.execute(f"SET memory_limit = '{int(mib)}MB'")
 
     def key_ring(self) -> KeyRing:
-        from engram_memory.store.crypto import KeyStore  # key files beside the database
+        from engram_memory.store.core.crypto import KeyStore  # key files beside the database
 
         return KeyStore(self.data_dir)
 
@@ -430,6 +430,11 @@ class Database:
 
     # -- audit ---------------------------------------------------------------------------
 
+    def console_rows(self, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        from engram_memory.store.duckdb.console import rows
+
+        return rows(self, query, params)
+
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows in one multi-row INSERT (DuckDB's executemany pays its per-statement cost per row),
         on the calling thread's own connection."""
@@ -731,16 +736,6 @@ class DuckDBUnitOfWork:
                 + " ON CONFLICT DO NOTHING",
                 [value for row in rows for value in row],
             )
-
-
-@dataclass(frozen=True)
-class StoppedStore:
-    """What a restore checks of a stopped store: its identity, where it journalled forgets, and
-    each scope's journal head (high_water, last_event_hash)."""
-
-    store_id: str | None
-    tombstones: list[tuple[str, int]]
-    heads: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def inspect_stopped(data_dir: Path) -> StoppedStore:

@@ -1,4 +1,4 @@
-"""The operator console's reads (store/console_reads.py) on the DuckDB store it holds open.
+"""The operator console's reads (store/console/console_reads.py) on the DuckDB store it holds open.
 
 Each query by name, run on the calling thread's read connection (``Database.reader``); the
 caller holds the engine's lock (console_reads.held). The PostgreSQL twin is

@@ -1,7 +1,10 @@
-"""What ``admin verify`` reads of a stopped DuckDB store: one read-only connection, named queries.
+"""What the operator's tools read of a stopped DuckDB store (``admin verify``, ``history``,
+``candidates``, ``rebuild-index``): one read-only connection, named queries, the ``Inspector``
+protocol of store/backend.py.
 
 Table-level checks (rows under unlisted scopes, columns against hashed bodies) are about how this
-backend lays the data out, so the queries stay here and store/verify.py keeps the rules."""
+backend lays the data out, so the queries stay here and store/maintenance/verify.py keeps the rules.
+Nothing here takes the writer's handle or loads a data key unless ``data_keys()`` is asked."""
 
 from __future__ import annotations
 
@@ -10,18 +13,58 @@ from typing import Any, cast
 
 import duckdb
 
-from engram_memory.store.backend import StoreBusyError
+from engram_memory.store.backend import SCOPED_TABLES, NotAStoreError, StoreBusyError
+from engram_memory.store.core.crypto import KEY_PREFIX, KEYS_DIR, KeyStore, find_key_file, key_files
 from engram_memory.store.duckdb.backend import STORE_FILE, Database
 
-TABLES = ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency")
+TABLES = SCOPED_TABLES
+
+
+def connect(data_dir: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the stopped store. Raises StoreBusyError (a process holds the
+    file) and NotAStoreError (not a DuckDB database)."""
+    try:
+        return duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
+    except duckdb.IOException as exc:
+        if "could not set lock" in str(exc).lower():  # (the path is in the message: match the phrase)
+            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
+        raise NotAStoreError(f"{STORE_FILE} is not a DuckDB database") from None
+
+
+class FileKeys:
+    """A DuckDB store's data keys: one file each under ``keys/``, wrapped by ``master.key``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = data_dir / KEYS_DIR
+        self.key_store: KeyStore | None = None
+        if (data_dir / "master.key").is_file() and self.dir.is_dir():
+            # (both exist: it creates nothing; a flat keys/ from before the fan-out is read as it is)
+            self.key_store = KeyStore(data_dir, migrate=False)
+
+    def problem(self) -> str | None:
+        return "the store has no master key or no keys directory" if self.key_store is None else None
+
+    def exists(self, key_ref: str) -> bool:
+        return find_key_file(self.dir, key_ref) is not None
+
+    def load(self, key_ref: str) -> bytes | None:
+        if self.key_store is None:
+            return None
+        try:
+            return self.key_store.load(key_ref)
+        except Exception:  # noqa: BLE001 - a key the master key cannot unwrap is reported as such
+            return None
+
+    def census(self, referenced: set[str]) -> tuple[list[str], int]:
+        """(orphans: key files no row references, how many key files there are)."""
+        files = sorted(p.name for p in [*key_files(self.dir), *key_files(self.dir, temporary=True)])
+        return [name for name in files if KEY_PREFIX + name not in referenced], len(files)
 
 
 class StoreInspector:
     def __init__(self, data_dir: Path) -> None:
-        try:
-            self.con = duckdb.connect(str(data_dir / STORE_FILE), read_only=True)
-        except duckdb.IOException:
-            raise StoreBusyError(f"data directory {data_dir} is in use by another process") from None
+        self.data_dir = data_dir
+        self.con = connect(data_dir)
 
     def close(self) -> None:
         self.con.close()
@@ -29,8 +72,19 @@ class StoreInspector:
     def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.con.execute(sql, params or []).fetchall()
 
+    def data_keys(self) -> FileKeys:
+        return FileKeys(self.data_dir)
+
     def verify_journal(self, scope_ref: str) -> bool:
         return Database.verify_journal(cast(Database, self), scope_ref)
+
+    def scopes(self) -> list[str]:
+        """Raises NotAStoreError when the database is not an engram-memory one."""
+        try:
+            rows = self.all("SELECT scope_ref FROM scopes ORDER BY scope_ref")
+        except duckdb.CatalogException:
+            raise NotAStoreError(f"{STORE_FILE} is not an engram-memory database") from None
+        return [str(row[0]) for row in rows]
 
     # -- store-wide ----------------------------------------------------------------------
 
@@ -62,6 +116,21 @@ class StoreInspector:
         """(high_water, last_event_hash, projection_cursor)."""
         return self.all("SELECT high_water, last_event_hash, projection_cursor FROM scopes WHERE scope_ref = ?",
                         [scope_ref])[0]
+
+    def journal_tail(self, scope_ref: str, limit: int | None = None) -> list[tuple[int, str, str]]:
+        """(cursor, body, event_hash), newest first (the last ``limit``)."""
+        rows = self.all("SELECT cursor, body, event_hash FROM journal WHERE scope_ref = ? ORDER BY cursor DESC"
+                        + (" LIMIT ?" if limit is not None else ""),
+                        [scope_ref, limit] if limit is not None else [scope_ref])
+        return [(int(c), b, h) for c, b, h in rows]
+
+    def pending_candidates(self, scope_ref: str) -> list[tuple[Any, ...]]:
+        """Metadata of the scope's pending candidates, in cursor order (store/backend.py Inspector)."""
+        return self.all(
+            "SELECT c.candidate_id, c.principal, c.state, c.created_cursor, c.recorded_at, c.payload_digest,"
+            " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
+            " AND t.payload_digest = c.payload_digest) FROM candidates c"
+            " WHERE c.scope_ref = ? AND c.state = 'pending' ORDER BY c.created_cursor", [scope_ref])
 
     def journal_operations(self, scope_ref: str) -> list[tuple[Any, ...]]:
         return self.all("SELECT event_id, operation FROM journal WHERE scope_ref = ?", [scope_ref])

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 
 from engram_memory.retrieval._files import fsync_dir
-from engram_memory.store.timeutil import to_instant, wall_clock
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (

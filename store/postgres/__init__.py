@@ -1,2 +1,3 @@
-"""The PostgreSQL store: one database shared by several serving nodes (``--store URL``), the same
-protocols as ``store/duckdb/``; psycopg comes with the ``postgres`` extra."""
+"""The PostgreSQL store: one database shared by several serving nodes (``--store URL``), behind the
+same protocols as ``store/duckdb/`` (store/backend.py); ``kind.py`` is its ``SharedBackend``, reached
+through store/opening.py only. psycopg comes with the ``postgres`` extra."""

@@ -58,10 +58,10 @@ from engram_memory.store.backend import (
     names_record,
     register_store_errors,
 )
-from engram_memory.store.crypto import unwrap, wrap
-from engram_memory.store.dirlock import lock_data_dir
+from engram_memory.store.core.crypto import unwrap, wrap
+from engram_memory.store.core.dirlock import lock_data_dir
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 from engram_memory.store.postgres.schema import migrate
-from engram_memory.store.timeutil import to_instant, wall_clock
 
 register_store_errors(psycopg.Error)
 
@@ -491,6 +491,11 @@ class PostgresStore:
 
     def copy_to(self, path: Path) -> None:
         raise StoreError("a PostgreSQL store is backed up with PostgreSQL's own tools (pg_dump, base backups)")
+
+    def console_rows(self, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        from engram_memory.store.postgres.console import rows
+
+        return rows(self, query, params)
 
     def append_audit(self, rows: Sequence[Sequence[Any]]) -> None:
         with self.pool.connection() as conn, conn.cursor() as cur:

@@ -1,4 +1,4 @@
-"""The operator console's reads (store/console_reads.py) on a PostgreSQL store (an admin node of it).
+"""The operator console's reads (store/console/console_reads.py) on a PostgreSQL store (an admin node of it).
 
 Each query by name, run through the store's pool (``Database.all``); the DuckDB twin is
 store/duckdb/console.py: the same names, columns and order."""

@@ -5,7 +5,7 @@ The inverse of store/postgres/migrate.py: every row of one read-only snapshot of
 key a row references is unwrapped with the PostgreSQL store's master key and written as a key
 file under a new master key of the copy's own (``master.key``), as a DuckDB store keeps them; the
 page-cursor key becomes ``server.key``. So the backup of a PostgreSQL store is the backup of an
-ordinary DuckDB store (store/backup.py): one archive format, restorable into either backend.
+ordinary DuckDB store (store/maintenance/backup.py): one archive format, restorable into either backend.
 A key no row references in the snapshot (an open mutation's, or one being destroyed) is left out.
 """
 
@@ -18,15 +18,15 @@ from pathlib import Path
 import duckdb
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store import crypto
 from engram_memory.store.backend import EMBEDDING_MODEL_KEY
-from engram_memory.store.crypto import KEYS_DIR, wrap
+from engram_memory.store.core import crypto
+from engram_memory.store.core.crypto import KEYS_DIR, wrap
+from engram_memory.store.core.refusals import STORE_INCONSISTENT, AdminRefusal
 from engram_memory.store.duckdb.backend import STORE_FILE
 from engram_memory.store.duckdb.schema import REWRITE_PENDING
 from engram_memory.store.duckdb.schema import migrate as duckdb_schema
 from engram_memory.store.postgres.inspect import PostgresInspector
 from engram_memory.store.postgres.migrate import TABLES
-from engram_memory.store.refusals import STORE_INCONSISTENT, AdminRefusal
 
 CHUNK = 200  # rows per multi-row INSERT (DuckDB pays its per-statement cost per statement, not per row)
 

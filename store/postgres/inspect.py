@@ -4,7 +4,7 @@ The store is live (nodes keep writing), so every read of one command happens in 
 ``REPEATABLE READ READ ONLY`` transaction: ``admin verify`` sees the journal, the rows and the
 wrapped keys as of one instant, and each mutation is one transaction, so a snapshot never holds
 half of one. The same method names as store/duckdb/inspect.py's ``StoreInspector``, so
-store/verify.py keeps the rules for both backends; the data keys live in rows here, so the key
+store/maintenance/verify.py keeps the rules for both backends; the data keys live in rows here, so the key
 questions (does one exist, does it open, which are orphans) are answered here too.
 """
 
@@ -20,11 +20,11 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engram_memory.models.digests import ZERO_DIGEST, receipt_digest
-from engram_memory.store.backend import StoreRefused
-from engram_memory.store.crypto import unwrap
+from engram_memory.store.backend import SCOPED_TABLES, StoreRefused
+from engram_memory.store.core.crypto import unwrap
 from engram_memory.store.postgres.backend import CONNECT_TIMEOUT_S, ORPHAN_KEY_GRACE, SECRET_REF, fingerprint
 
-TABLES = ("journal", "candidates", "records", "embeddings", "tombstoned_payloads", "idempotency")
+TABLES = SCOPED_TABLES
 
 
 def connect(url: str) -> psycopg.Connection:
@@ -93,6 +93,9 @@ class PostgresInspector:
 
     def all(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         return self.con.execute(sql, params or []).fetchall()
+
+    def data_keys(self) -> RowKeys:
+        return RowKeys(self)
 
     def verify_journal(self, scope_ref: str) -> bool:
         """The hash chain and dense cursors (the same walk as the backends' verify_journal)."""
@@ -250,7 +253,7 @@ class PostgresInspector:
             " WHERE e.scope_ref = %s AND e.model_digest = %s AND r.state = %s ORDER BY e.record_id",
             [scope_ref, model_digest, state])]
 
-    # -- what history and candidates list (store/history.py) ------------------------------
+    # -- what history and candidates list (store/host/history.py) ------------------------------
 
     def journal_tail(self, scope_ref: str, limit: int | None = None) -> list[tuple[int, str, str]]:
         """(cursor, body, event_hash), newest first (the last ``limit``)."""
@@ -262,12 +265,34 @@ class PostgresInspector:
         return [(int(c), b, h) for c, b, h in self.all(sql, params)]
 
     def pending_candidates(self, scope_ref: str) -> list[tuple[Any, ...]]:
-        """As store/duckdb/stopped.py's: metadata of the scope's pending candidates, cursor order."""
+        """As store/duckdb/inspect.py's: metadata of the scope's pending candidates, cursor order."""
         return self.all(
             "SELECT c.candidate_id, c.principal, c.state, c.created_cursor, c.recorded_at, c.payload_digest,"
             " c.record_digest, EXISTS (SELECT 1 FROM tombstoned_payloads t WHERE t.scope_ref = c.scope_ref"
             " AND t.payload_digest = c.payload_digest) FROM candidates c"
             " WHERE c.scope_ref = %s AND c.state = 'pending' ORDER BY c.created_cursor", [scope_ref])
+
+
+class RowKeys:
+    """A PostgreSQL store's data keys as ``admin verify`` checks them: ``data_keys`` rows, wrapped by
+    the master key file given (store/backend.py ``DataKeys``)."""
+
+    def __init__(self, store: PostgresInspector) -> None:
+        self.store = store
+
+    def problem(self) -> str | None:
+        if not self.store.page_cursor_key_opens():
+            return "the page-cursor key is missing or does not open under the master key"
+        return None
+
+    def exists(self, key_ref: str) -> bool:
+        return self.store.key_exists(key_ref)
+
+    def load(self, key_ref: str) -> bytes | None:
+        return self.store.load_key(key_ref)
+
+    def census(self, referenced: set[str]) -> tuple[list[str], int]:
+        return self.store.orphan_keys(), self.store.key_count()
 
 
 def _bytes(value: Any) -> bytes | None:

@@ -18,14 +18,12 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.backend import StoreRefused
-from engram_memory.store.crypto import unwrap, wrap
+from engram_memory.store.backend import LiveNodesError, StoreRefused
+from engram_memory.store.core.crypto import unwrap, wrap
 from engram_memory.store.postgres.backend import NODE_LIVE_S, SECRET_REF, fingerprint
 from engram_memory.store.postgres.inspect import check_identity, connect
 
-
-class LiveNodesError(StoreRefused):
-    """Nodes of the store are running: they hold the old master key (STORE_BUSY for the operator)."""
+__all__ = ["LiveNodesError", "rotate_master_key"]  # LiveNodesError: store/backend.py's (server/ still imports it here)
 
 
 def rotate_master_key(url: str, old_key: bytes, old_key_file: Path, new_key: bytes) -> int:

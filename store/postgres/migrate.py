@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,23 @@ import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from engram_memory.store.backend import EMBEDDING_MODEL_KEY, RECORD_COLUMNS, StoreBusyError, StoreRefused
-from engram_memory.store.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
+from engram_memory.store.backend import (
+    EMBEDDING_MODEL_KEY,
+    RECORD_COLUMNS,
+    MigrateReport,
+    MigrateUsageError,
+    StoreBusyError,
+    StoreRefused,
+)
+from engram_memory.store.core.crypto import KEYS_DIR, find_key_file, finish_rotation, key_files, key_name, unwrap, wrap
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 from engram_memory.store.duckdb.backend import STORE_FILE, held_if_present
 from engram_memory.store.duckdb.schema import MIGRATIONS as DUCKDB_MIGRATIONS
 from engram_memory.store.postgres.backend import SECRET_REF, connect_pool, fingerprint
 from engram_memory.store.postgres.schema import migrate as migrate_schema
-from engram_memory.store.timeutil import to_instant, wall_clock
+
+# MigrateUsageError, MigrateReport: store/backend.py's (server/ still imports MigrateUsageError here).
+__all__ = ["MigrateReport", "MigrateUsageError", "counts", "migrate_store"]
 
 BATCH = 2000  # rows fetched from DuckDB at a time
 
@@ -58,23 +67,6 @@ TABLES: list[tuple[str, tuple[str, ...]]] = [
 # Tables of the target that must hold no row (besides the schema's own ledger).
 TARGET_TABLES = ("store_identity", "meta", "data_keys", "nodes", "node_cursors", "replay",
                  *(t for t, _ in TABLES))
-
-
-class MigrateUsageError(ValueError):
-    """The source is not a store this version can migrate (one line for the operator, exit 2)."""
-
-
-@dataclass
-class MigrateReport:
-    store_id: str
-    storage_epoch: str
-    rows: dict[str, int] = field(default_factory=dict)
-    data_keys: int = 0
-    unreferenced_keys: int = 0  # key files no row referenced: not copied (their destruction completes)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"store_id": self.store_id, "storage_epoch": self.storage_epoch, "rows": dict(self.rows),
-                "data_keys": self.data_keys, "unreferenced_key_files": self.unreferenced_keys}
 
 
 def _source(data_dir: Path) -> duckdb.DuckDBPyConnection:

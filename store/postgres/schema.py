@@ -15,7 +15,7 @@ import hashlib
 import psycopg
 from psycopg import pq
 
-from engram_memory.store.timeutil import to_instant, wall_clock
+from engram_memory.store.core.timeutil import to_instant, wall_clock
 
 # The advisory lock every engram-memory node takes to migrate: one constant, shared by all versions.
 # (The first eight bytes of SHA-256("engram-memory/postgres/migrate"), as a signed 64-bit key.)

@@ -56,7 +56,9 @@ def redact_url(text: str) -> str:
 
 
 def check_store_options(url: str | None, master_key_file: object) -> None:
-    """A command's ``--store`` / ``--master-key-file`` pair: ValueError with the one line to print."""
+    """Transitional, for server/ until it imports store/opening.py's ``check_store_options`` (the
+    lead removes this then): the same two rules, each kept in its one place (the pair's:
+    models/settings.py; the URL's: ``check_store_url`` above)."""
     from engram_memory.models.settings import store_pair_problem
 
     problem = store_pair_problem(url, master_key_file)

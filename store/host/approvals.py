@@ -17,7 +17,7 @@ The operator decides (``engram-memory admin approvals|approve|deny``, the consol
 
 A decision is final for that idempotency key; the sealed arguments' key is destroyed with it.
 Every decision leaves an audit row, and the request keeps the operator's reason (screened for
-secrets, store/adjudicate.py ``check_reason``).
+secrets, store/host/adjudicate.py ``check_reason``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from engram_memory.models.errors import EngramError, ErrorCode
 from engram_memory.models.hostauth import confirmation_target
 from engram_memory.models.limits import CONFIRM_TTL_S, EXECUTION_WINDOW_S, SECOND_MS
 from engram_memory.models.tools import parse_input, to_plain
-from engram_memory.store import ledger
-from engram_memory.store.adjudicate import check_reason
 from engram_memory.store.backend import APPROVAL_COLUMNS
-from engram_memory.store.crypto import open_sealed, seal
-from engram_memory.store.refusals import NOT_PENDING, UNKNOWN_REQUEST, AdminRefusal
+from engram_memory.store.core import ledger
+from engram_memory.store.core.crypto import open_sealed, seal
+from engram_memory.store.core.refusals import NOT_PENDING, UNKNOWN_REQUEST, AdminRefusal
+from engram_memory.store.host.adjudicate import check_reason
 
 log = logging.getLogger("engram_memory.approvals")
 
@@ -193,7 +193,7 @@ def _destroy(engine: Any, request: ParkedRequest) -> None:
 
 
 def _audit(engine: Any, request: ParkedRequest, tool: str, ok: bool, code: str | None = None) -> None:
-    from engram_memory.store.engine import AuditEvent
+    from engram_memory.store.core.engine import AuditEvent
 
     engine.record_audit(request.host(), AuditEvent(new_audit_id(), tool, ok, code, None))
 
@@ -266,7 +266,7 @@ def decide(engine: Any, request_id: str, approve: bool, reason: str, now: int,
 
 def _execute(engine: Any, request: ParkedRequest, arguments: dict[str, Any]) -> str:
     """Run the approved call under the agent's bound context; its answer lands in the ledger."""
-    from engram_memory.store.engine import AuditEvent
+    from engram_memory.store.core.engine import AuditEvent
 
     host = request.host()
     audit_id = new_audit_id()

@@ -21,14 +21,14 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
+from engram_memory.models.context import scope_names  # noqa: F401  (server/ still imports it from here)
 from engram_memory.models.settings import EmbeddingModel, EngineSettings
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
-from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.duckdb import stopped
-from engram_memory.store.duckdb.backend import STORE_FILE
-from engram_memory.store.engine import Engine
-from engram_memory.store.lifecycle import lexical_fields
+from engram_memory.store.backend import NotAStoreError, StoreBusyError
+from engram_memory.store.core.engine import Engine
+from engram_memory.store.core.lifecycle import lexical_fields
+from engram_memory.store.opening import embedded
 
 PROBES = 200
 LOCK_FILE = ".lock"  # store/duckdb/backend.py Database's advisory lock
@@ -48,14 +48,6 @@ class UnknownScopeError(LookupError):
     def __init__(self, scope_ref: str, known: list[str]) -> None:
         super().__init__(f"unknown scope {scope_ref}")
         self.scope_ref, self.known = scope_ref, known
-
-
-def scope_names(scope_ref: str) -> tuple[str, str] | None:
-    """``tenant:T/workspace:W`` -> (T, W); None for anything else. Host ids never contain '/'."""
-    tenant, sep, workspace = scope_ref.partition("/")
-    if sep and tenant.startswith("tenant:") and workspace.startswith("workspace:"):
-        return tenant.removeprefix("tenant:"), workspace.removeprefix("workspace:")
-    return None
 
 
 def _held_by_another(data_dir: Path) -> bool:
@@ -83,16 +75,21 @@ def existing_scopes(data_dir: Path) -> list[str]:
             raise NoStoreError(data_dir, "the directory does not exist")
         if not data_dir.is_dir():
             raise NoStoreError(data_dir, "not a directory")
-        if not (data_dir / STORE_FILE).is_file():
-            raise NoStoreError(data_dir, f"no {STORE_FILE}")
+        store_file = embedded().store_file
+        if not (data_dir / store_file).is_file():
+            raise NoStoreError(data_dir, f"no {store_file}")
         busy = _held_by_another(data_dir)
     except OSError as exc:
         raise NoStoreError(data_dir, f"cannot read it: {exc.strerror or exc}") from None
     if busy:
         raise StoreBusyError(f"data directory {data_dir} is in use by another engram-memory process")
     try:
-        return stopped.scopes(data_dir)
-    except stopped.NotAStoreError as exc:
+        inspector = embedded().inspector(data_dir)
+        try:
+            return inspector.scopes()
+        finally:
+            inspector.close()
+    except NotAStoreError as exc:
         raise NoStoreError(data_dir, exc.reason) from None
 
 
@@ -153,7 +150,7 @@ def build_aside(aside: Path, like: Projections, scope_ref: str, records: list[di
 def compare_projections(live: Projections, built: Projections, scope_ref: str, records: list[dict[str, Any]],
                         vectors: tuple[list[str], np.ndarray] | None) -> list[str]:
     """How the live projections of a scope differ from a fresh rebuild (counts, probe rankings);
-    shared by ``rebuild-index --verify`` and the store verifier (store/verify.py)."""
+    shared by ``rebuild-index --verify`` and the store verifier (store/maintenance/verify.py)."""
     diffs = []
     live_lex, new_lex = live.lexical(scope_ref), built.lexical(scope_ref)
     if live_lex.count() != new_lex.count():
@@ -185,7 +182,7 @@ def rebuild_index(data_dir: Path, scope_ref: str | None = None, verify: bool = F
     rebuilt from the shared store (which other nodes keep serving meanwhile).
 
     Without ``model``/``model_path`` the store's own model is used; with one, the store switches to
-    it (every record is re-embedded, and the store records it: store/embedding_model.py)."""
+    it (every record is re-embedded, and the store records it: store/core/embedding_model.py)."""
     switch = model is not None or model_path is not None
     settings = EngineSettings(data_dir=data_dir, model=model, model_path=model_path, semantic=semantic, store=store,
                               master_key_file=master_key_file)

@@ -1,7 +1,7 @@
 """Credentials laid out rather than said: tables, exports, config calls, wifi QR strings, and a label
 whose value sits on the lines below it.
 
-The statement judge (store/statements.py) reads one line at a time and needs a noun bound to a value
+The statement judge (store/screen/statements.py) reads one line at a time and needs a noun bound to a value
 in that line. Structured text puts the noun in a header ("| Service | User | Password |", a password
 manager's CSV export), in a quoted setting name (``define('DB_PASSWORD', '…')``), in a field letter
 (``WIFI:T:WPA;S:…;P:…;;``), or on the line above ("Backup codes (GitHub):" then one code per line).
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import re
+
+from engram_memory.store.screen.statements import find_statement, password_shaped
 
 # A header cell naming the column of secrets, in the languages the judge reads.
 _SECRET_COLUMN = re.compile(
@@ -34,8 +36,6 @@ _LABEL = re.compile(r"^.{3,80}:\s*$|^.{0,40}\b(?:backup|recovery|bypass|totp|2fa
 
 
 def _secret_cell(value: str) -> bool:
-    from engram_memory.store.statements import password_shaped
-
     value = value.strip().strip("\"'`")
     # one value: a cell with words in it ("con Cl@ve PIN") describes how, not what
     return bool(value) and " " not in value and not _ELSEWHERE.match(value) and password_shaped(value)
@@ -69,8 +69,6 @@ def _table_secret(lines: list[str]) -> bool:
 
 def _label_values(lines: list[str]) -> str | None:
     """A label line ending with a colon, read with the lines below it as one statement."""
-    from engram_memory.store.statements import find_statement
-
     for i, line in enumerate(lines[:-1]):
         if not _LABEL.match(line):
             continue

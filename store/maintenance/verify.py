@@ -17,7 +17,7 @@ an absent or foreign directory with NoStoreError, as ``rebuild-index`` does). It
   every record not forgotten holding its key file and sealed body, every embedding row belonging
   to a record whose key still exists;
 * projections (``deep``): the live Tantivy/vector projections equal a fresh rebuild built aside
-  (store/rebuild.py's comparison), on a copy, so nothing under the data directory changes. A
+  (store/maintenance/rebuild.py's comparison), on a copy, so nothing under the data directory changes. A
   projection whose cursor lags the journal is reported as stale (the next open rebuilds it
   before use), not as a difference.
 
@@ -31,27 +31,23 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from engram_memory.models.digests import ZERO_DIGEST, payload_digest, record_digest, record_id_from_digest
 from engram_memory.models.states import CandidateState, Operation, RecordState
 from engram_memory.retrieval.projections import Projections, scope_dirname
-from engram_memory.store.backend import StoreBusyError
-from engram_memory.store.crypto import KEY_PREFIX, KEYS_DIR, KeyStore, find_key_file, key_files, open_sealed
-from engram_memory.store.duckdb.backend import held_if_present
-from engram_memory.store.duckdb.inspect import TABLES, StoreInspector
-from engram_memory.store.hostops import state_after
-from engram_memory.store.lifecycle import Lifecycle, pending_context, record_context
-from engram_memory.store.rebuild import build_aside, compare_projections, existing_scopes
-from engram_memory.store.refusals import JOURNAL_CORRUPT
-
-if TYPE_CHECKING:  # psycopg is the `postgres` extra: imported only when a PostgreSQL store is verified
-    from engram_memory.store.postgres.inspect import PostgresInspector
+from engram_memory.store.backend import SCOPED_TABLES, DataKeys, Inspector, StoreBusyError
+from engram_memory.store.core.crypto import open_sealed
+from engram_memory.store.core.lifecycle import Lifecycle, pending_context, record_context
+from engram_memory.store.core.refusals import JOURNAL_CORRUPT
+from engram_memory.store.host.hostops import state_after
+from engram_memory.store.maintenance.rebuild import build_aside, compare_projections, existing_scopes
+from engram_memory.store.opening import embedded, shared
 
 MAX_LISTED = 10  # per check and scope: beyond that, a count
-# Fields a record adds to its payload (store/lifecycle.py _build_record).
+# Fields a record adds to its payload (store/core/lifecycle.py _build_record).
 RECORD_FIELDS = frozenset({"payload_digest", "recorded_at", "recorded_cursor", "authorization_receipt_digest",
                            "trust", "record_digest", "record_id"})
 CANDIDATE_EVENT = {CandidateState.ACCEPTED: Operation.ACCEPT.value, CandidateState.REJECTED: Operation.REJECT.value,
@@ -103,7 +99,7 @@ class VerifyReport:
 
 def _held(data_dir: Path) -> Any:
     """Hold the store's advisory lock (never creating it): no server starts while we read."""
-    return held_if_present(data_dir, lambda: StoreBusyError(
+    return embedded().held(data_dir, lambda: StoreBusyError(
         f"data directory {data_dir} is in use by another engram-memory process"))
 
 
@@ -115,60 +111,8 @@ def _listed(problems: list[str], what: str, ids: list[str]) -> None:
     problems.append(f"{len(ids)} {what}: {shown}{more}")
 
 
-class _FileKeys:
-    """A DuckDB store's data keys: one file each under ``keys/``, wrapped by ``master.key``."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.dir = data_dir / KEYS_DIR
-        self.key_store: KeyStore | None = None
-        if (data_dir / "master.key").is_file() and self.dir.is_dir():
-            # (both exist: it creates nothing; a flat keys/ from before the fan-out is read as it is)
-            self.key_store = KeyStore(data_dir, migrate=False)
-
-    def problem(self) -> str | None:
-        return "the store has no master key or no keys directory" if self.key_store is None else None
-
-    def exists(self, key_ref: str) -> bool:
-        return find_key_file(self.dir, key_ref) is not None
-
-    def load(self, key_ref: str) -> bytes | None:
-        if self.key_store is None:
-            return None
-        try:
-            return self.key_store.load(key_ref)
-        except Exception:  # noqa: BLE001 - a key the master key cannot unwrap is reported as such
-            return None
-
-    def census(self, referenced: set[str]) -> tuple[list[str], int]:
-        """(orphans: key files no row references, how many key files there are)."""
-        files = sorted(p.name for p in [*key_files(self.dir), *key_files(self.dir, temporary=True)])
-        return [name for name in files if KEY_PREFIX + name not in referenced], len(files)
-
-
-class _RowKeys:
-    """A PostgreSQL store's data keys: ``data_keys`` rows, wrapped by the master key file given."""
-
-    def __init__(self, store: PostgresInspector) -> None:
-        self.store = store
-
-    def problem(self) -> str | None:
-        if not self.store.page_cursor_key_opens():
-            return "the page-cursor key is missing or does not open under the master key"
-        return None
-
-    def exists(self, key_ref: str) -> bool:
-        return self.store.key_exists(key_ref)
-
-    def load(self, key_ref: str) -> bytes | None:
-        return self.store.load_key(key_ref)
-
-    def census(self, referenced: set[str]) -> tuple[list[str], int]:
-        return self.store.orphan_keys(), self.store.key_count()
-
-
 class _Verifier:
-    def __init__(self, data_dir: Path | None, store: StoreInspector | PostgresInspector, deep: bool,
-                 keys: _FileKeys | _RowKeys) -> None:
+    def __init__(self, data_dir: Path | None, store: Inspector, deep: bool, keys: DataKeys) -> None:
         # data_dir: where the projections are (None: a shared store's live in each node, not checked here)
         self.data_dir, self.store, self.deep, self.keys = data_dir, store, deep, keys
         self.corrupt = False
@@ -203,7 +147,7 @@ class _Verifier:
         if orphans:
             self.recoverable.append(problems[-1])
         listed = self.store.listed_scopes()
-        for table in TABLES:
+        for table in SCOPED_TABLES:
             stray = [s for s in self.store.scopes_in(table) if s not in listed]
             if stray:
                 problems.append(f"{table} has rows under {len(stray)} scope(s) the scopes table does not list")
@@ -284,7 +228,7 @@ class _Verifier:
         _listed(problems, "records without an accepted candidate",
                 [rid for rid, cid, _ in records if states.get(cid) != CandidateState.ACCEPTED])
         # Each record's state is the one its journal events leave it in (accept, the host
-        # operations of store/hostops.py, expire, tombstone), folded in cursor order.
+        # operations of store/host/hostops.py, expire, tombstone), folded in cursor order.
         folded: dict[str, str] = {}
         for row in self.store.journal_rows(scope_ref):
             try:
@@ -435,9 +379,9 @@ def verify_store(data_dir: Path, *, deep: bool = True) -> VerifyReport:
     data_dir = Path(data_dir)
     scopes = existing_scopes(data_dir)
     with _held(data_dir):
-        store = StoreInspector(data_dir)
+        store = embedded().inspector(data_dir)
         try:
-            verifier = _Verifier(data_dir, store, deep, _FileKeys(data_dir))
+            verifier = _Verifier(data_dir, store, deep, store.data_keys())
             problems, key_files = verifier.global_problems()
             results = [verifier.scope(scope) for scope in scopes]
         finally:
@@ -453,17 +397,15 @@ def verify_postgres(url: str, master_key: bytes, key_file: Path, *, deep: bool =
     caches, rebuilt from the store), on one read-only snapshot, with the master key file given
     (its data keys are rows wrapped by it). Raises StoreRefused for a database that is not an
     initialised store or a key that is not its master key."""
-    from engram_memory.store.postgres.inspect import PostgresInspector
-    from engram_memory.store.postgres.url import redact_url
-
-    store = PostgresInspector(url, master_key, key_file)
+    kind = shared(url)
+    store = kind.inspector(url, master_key, key_file)
     try:
-        verifier = _Verifier(None, store, deep, _RowKeys(store))
+        verifier = _Verifier(None, store, deep, store.data_keys())
         problems, key_count = verifier.global_problems()
         results = [verifier.scope(scope) for scope in store.scopes()]
     finally:
         store.close()
     for result in results:
         problems.extend(result.problems)
-    return VerifyReport(redact_url(url), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
+    return VerifyReport(kind.redact_url(url), deep, results, problems, JOURNAL_CORRUPT if verifier.corrupt else None,
                         key_count, verifier.recoverable)

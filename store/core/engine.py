@@ -4,7 +4,7 @@ Each operation takes the validated input model of its tool (models/tools.py) and
 tool's output value model (models/outputs.py). Writes flow validated input -> lifecycle (one
 DuckDB transaction) -> scope views and projections, serialised by the write side of one
 readers-writer lock (DuckDB has a single writer, Tantivy a single index writer, and it keeps
-journal cursors dense). Reads (store/reads.py) run together under its read side; the query is
+journal cursors dense). Reads (store/core/reads.py) run together under its read side; the query is
 embedded before the lock is taken.
 """
 
@@ -50,13 +50,13 @@ from engram_memory.retrieval.lexical import REFERENCE_PROFILE, LexicalConfig, Le
 from engram_memory.retrieval.projections import Projections
 from engram_memory.retrieval.ranking import FusionConfig
 from engram_memory.retrieval.rerank import RerankConfig
-from engram_memory.store import ledger
-from engram_memory.store.audit import AuditWriter
 from engram_memory.store.backend import JournalChange, Store, StoreBusyError, is_store_error
-from engram_memory.store.crypto import open_sealed, seal
-from engram_memory.store.embedding_model import adopt as adopt_model
-from engram_memory.store.embedding_model import record_identity
-from engram_memory.store.lifecycle import (
+from engram_memory.store.core import ledger
+from engram_memory.store.core.audit import AuditWriter
+from engram_memory.store.core.crypto import open_sealed, seal
+from engram_memory.store.core.embedding_model import adopt as adopt_model
+from engram_memory.store.core.embedding_model import record_identity
+from engram_memory.store.core.lifecycle import (
     AdmittedRecord,
     BatchItem,
     BatchOutcome,
@@ -67,12 +67,12 @@ from engram_memory.store.lifecycle import (
     lexical_fields,
     record_context,
 )
-from engram_memory.store.live import ScopeView, ScopeViews, Window
+from engram_memory.store.core.live import ScopeView, ScopeViews, Window
+from engram_memory.store.core.projector import Projector
+from engram_memory.store.core.reads import ReadPath, SearchPlan
+from engram_memory.store.core.rwlock import RWLock
+from engram_memory.store.core.timeutil import Clock, default_clock, from_instant, to_instant
 from engram_memory.store.opening import open_store
-from engram_memory.store.projector import Projector
-from engram_memory.store.reads import ReadPath, SearchPlan
-from engram_memory.store.rwlock import RWLock
-from engram_memory.store.timeutil import Clock, default_clock, from_instant, to_instant
 
 __all__ = ["AuditEvent", "Engine", "EngineSettings", "StoreBusyError"]
 
@@ -130,7 +130,7 @@ class Engine:
         # acknowledgement that failed (or a kill before it) is made again, never left behind.
         self._acked: dict[str, int] = {}
         self._closed = False
-        # Admissions' projection updates, grouped (store/projector.py); a shared store's nodes
+        # Admissions' projection updates, grouped (store/core/projector.py); a shared store's nodes
         # project from the journal instead (Engine._sync).
         self._projector = None if db.shared else Projector(self)
         self._semantic_done = threading.Event()  # ready: model loaded and backfill complete
@@ -168,7 +168,7 @@ class Engine:
              lexical: LexicalConfig = REFERENCE_PROFILE, switch_model: bool = False) -> Engine:
         """Open (or create) a data directory; raises StoreBusyError if another process owns it.
 
-        The embedding model is the store's (store/embedding_model.py): ModelMismatch when the
+        The embedding model is the store's (store/core/embedding_model.py): ModelMismatch when the
         settings name another, unless ``switch_model`` (rebuild-index re-embeds with the one named).
         ``clock`` (epoch ms; default the wall clock or ENGRAM_CLOCK_MS) and ``lexical`` (per-field
         BM25 boosts) are run-time choices of tests and the evaluation harness, not settings."""
@@ -265,7 +265,7 @@ class Engine:
         return self.db.embedding_count(record_id)
 
     def settle(self, scope_ref: str | None = None) -> None:
-        """Apply the projection updates admissions left waiting (store/projector.py), now."""
+        """Apply the projection updates admissions left waiting (store/core/projector.py), now."""
         if self._projector is not None and self._projector.waiting(scope_ref):
             with self._rw.write():
                 self._settle_locked(scope_ref)
@@ -432,13 +432,13 @@ class Engine:
         self._semantic_settled.wait(timeout)
         return self._semantic_done.is_set()
 
-    # -- scope views (eligibility without a query; store/live.py) -------------------------
+    # -- scope views (eligibility without a query; store/core/live.py) -------------------------
 
     def _load_view(self, scope_ref: str) -> ScopeView:
         rows = [(w.record_id, w.valid_t, w.valid_t_end, w.expires_at_ms, w.event_at, w.event_kind)
                 for w in self.db.live_windows(scope_ref, CURRENT.value)]
         # A record is a turn when its event type's keyed digest is one of the turn types' (the type
-        # itself is never stored in plaintext: store/lifecycle.py event_kind).
+        # itself is never stored in plaintext: store/core/lifecycle.py event_kind).
         secret = self.keys.server_secret
         turn_kinds = {event_kind(secret, scope_ref, t) for t in self.turns.turn_types}
         events = {rid: (_opt_int(at), kind in turn_kinds) for rid, _t, _t_end, _exp, at, kind in rows}
@@ -747,7 +747,7 @@ class Engine:
         return added
 
     def operator_admitted(self, scope_ref: str, record: dict[str, Any], cursor: int) -> None:
-        """After an operator's adjudication accepted a record (store/adjudicate.py), under the write
+        """After an operator's adjudication accepted a record (store/host/adjudicate.py), under the write
         lock: the scope's view and projections take it as they take an admission (embedded now when
         the model is loaded; an admin command's engine has none, and a server embeds it at start).
         A shared store's nodes catch up from the journal."""
@@ -758,7 +758,7 @@ class Engine:
         self._project_admitted(scope_ref, [record], cursor)
 
     def host_transition(self, scope_ref: str, gone: list[str], back: list[str], cursor: int) -> None:
-        """After a host operation's commit (store/hostops.py), under the write lock: this node's
+        """After a host operation's commit (store/host/hostops.py), under the write lock: this node's
         projections follow it at once. A node of a shared store (an admin node included) leaves
         it to the journal: every node, this one too, catches up before its next read."""
         if self.db.shared:
@@ -918,7 +918,7 @@ class Engine:
         idk = None
         if event.idempotency_key is not None:
             idk = "idk_" + hashlib.sha256(event.idempotency_key.encode("utf-8")).hexdigest()[:12]
-        # Queued for the audit writer (store/audit.py): one commit per batch, not per call.
+        # Queued for the audit writer (store/core/audit.py): one commit per batch, not per call.
         self.audit.append(
             [event.audit_id, to_instant(self.clock()), ctx.scope_ref, ctx.principal, ctx.agent_id,
              ctx.session, event.tool, event.ok, event.code, idk, event.context_jti]

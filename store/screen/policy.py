@@ -4,7 +4,7 @@ Accept a valid candidate, reject one that carries secret-like content anywhere (
 secrets never become memory). EVERY string of the candidate is screened -- component texts and
 ids, citation ids, source refs and locators, the primary event's type_ref, family refs,
 purpose_ref, the evidence ref and attestation, whatever the payload holds -- by walking the
-whole structure (store/secrets.py), not by listing fields. Digest fields are screened too: a
+whole structure (store/screen/secrets.py), not by listing fields. Digest fields are screened too: a
 ``sha256:<hex>`` never matches.
 
 A secret is a normal outcome (``rejected``), never an error: the rejected candidate's sealed
@@ -20,14 +20,14 @@ from contextvars import ContextVar
 from itertools import chain
 from typing import Any, Literal
 
-from engram_memory.store.secrets import find_secret, strings_of
+from engram_memory.store.screen.secrets import find_secret, strings_of
 
 __all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_secret", "secret_kind"]
 
 POLICY_ID = "engram-memory:default-admission"
 # Bumped to "2" when every string of the candidate became screened, to "3" when credentials stated
-# in prose in four languages became secrets (store/statements.py), to "4" when the learned screen
-# (store/secret_model.py) joined the rules (issue 36): the version is bound into every
+# in prose in four languages became secrets (store/screen/statements.py), to "4" when the learned screen
+# (store/screen/secret_model.py) joined the rules (issue 36): the version is bound into every
 # admission decision receipt (tests/golden pins them) and into eval store keys.
 POLICY_VERSION = "4"
 

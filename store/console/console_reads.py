@@ -1,8 +1,8 @@
 """What the operator console (server/console/) reads of a store it holds open.
 
 The console owns the store while it runs (a DuckDB data dir's lock, or an admin node of a
-PostgreSQL store: store/postgres/admin.py), so it reads through the open engine: the same rows the
-admin listings read (store/history.py's allow-lists), counts by state, a record's decrypted body
+PostgreSQL store: store/core/admin_node.py), so it reads through the open engine: the same rows the
+admin listings read (store/host/history.py's allow-lists), counts by state, a record's decrypted body
 (its citations; record content is the operator's to see), the audit trail without arguments, and a
 search with its rank receipt explained. A pending candidate's content is opened only by
 ``reveal_candidate``, which leaves an audit row first. Nothing here writes a journal event.
@@ -26,11 +26,11 @@ from typing import Any
 from engram_memory.models.limits import CHANNEL_DEPTH
 from engram_memory.models.states import CandidateState, RecordState
 from engram_memory.retrieval.ranking import rank, weak_semantic
-from engram_memory.store.crypto import open_sealed
-from engram_memory.store.engine import AuditEvent, Engine
-from engram_memory.store.history import candidate_listing, event_instant, journal_listing
-from engram_memory.store.lifecycle import event_type, pending_context, primary_text
-from engram_memory.store.timeutil import from_instant
+from engram_memory.store.core.crypto import open_sealed
+from engram_memory.store.core.engine import AuditEvent, Engine
+from engram_memory.store.core.lifecycle import event_type, pending_context, primary_text
+from engram_memory.store.core.timeutil import from_instant
+from engram_memory.store.host.history import candidate_listing, event_instant, journal_listing
 
 # The operator's identity in journal contexts and audit rows the console writes (a host id).
 OPERATOR = "operator"
@@ -58,17 +58,12 @@ def held(engine: Engine) -> Iterator[None]:
 
 
 def _rows(engine: Engine, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """A named console query (store/duckdb/console.py, store/postgres/console.py) on the engine's store."""
-    db: Any = engine.db
-    if db.shared:
-        from engram_memory.store.postgres import console as pg
-
-        return pg.rows(db, query, params)
-    from engram_memory.store.duckdb import console as duck
-
+    """A named console query (``Store.console_rows``: store/duckdb/console.py, store/postgres/console.py)."""
+    if engine.db.shared:  # a node reads through its pool
+        return engine.db.console_rows(query, params)
     # The engine's read side excludes its own writes; each thread reads on its own cursor.
     with engine._rw.read():
-        return duck.rows(db, query, params)
+        return engine.db.console_rows(query, params)
 
 
 def scope_pair(scope_ref: str) -> str:
@@ -110,10 +105,10 @@ def scope_summary(engine: Engine, scope_ref: str) -> dict[str, Any]:
 def journal_status(engine: Engine, scope_ref: str) -> dict[str, Any]:
     """The hash chain's status (Database.verify_journal: every event's hash and link, dense cursors;
     the chain check ``admin verify`` starts with), the journal head, the cursors the projections reflect, and the data
-    dir's last backup (store/backup.py notes it; a PostgreSQL store's backups are not noted)."""
+    dir's last backup (store/maintenance/backup.py notes it; a PostgreSQL store's backups are not noted)."""
     from pathlib import Path
 
-    from engram_memory.store.backup import last_backup
+    from engram_memory.store.maintenance.backup import last_backup
 
     db: Any = engine.db
     if db.shared:
@@ -230,7 +225,7 @@ def _history(engine: Engine, scope_ref: str, ids: set[str]) -> list[dict[str, An
         listed = journal_listing([(int(cursor), body, event_hash)])[0]
         host = event.get("host_operation")
         if isinstance(host, dict) and not listed["reason"]:
-            listed["reason"] = host.get("reason")  # a host operation's reason (store/hostops.py)
+            listed["reason"] = host.get("reason")  # a host operation's reason (store/host/hostops.py)
         receipts = {k: event[k] for k in RECEIPT_FIELDS if isinstance(event.get(k), str)}
         for nested in ("admission_decision", "adjudication", "host_operation", "receipt"):
             value = event.get(nested)
@@ -255,7 +250,7 @@ def journal(engine: Engine, scope_ref: str, limit: int = LISTED) -> list[dict[st
     for entry, (_cursor, body, _hash) in zip(listed, reversed(rows), strict=True):
         host = json.loads(body).get("host_operation")
         if isinstance(host, dict) and not entry["reason"]:
-            entry["reason"] = host.get("reason")  # a host operation's reason (store/hostops.py)
+            entry["reason"] = host.get("reason")  # a host operation's reason (store/host/hostops.py)
     return listed
 
 
@@ -327,9 +322,9 @@ def explain_search(engine: Engine, scope_ref: str, query: str, limit: int = 10) 
 
 
 def approval_requests(engine: Engine, scope_ref: str) -> list[dict[str, Any]]:
-    """The scope's requests awaiting the operator's approval (store/approvals.py), each with the
+    """The scope's requests awaiting the operator's approval (store/host/approvals.py), each with the
     text of the record or candidate it targets: who asks, what, on what, its digest and age."""
-    from engram_memory.store.approvals import pending
+    from engram_memory.store.host.approvals import pending
 
     out = []
     for request in pending(engine, scope_ref, engine.clock()):

@@ -34,10 +34,10 @@ from engram_memory.models.digests import payload_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import RecordState
 from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input, to_plain
-from engram_memory.store.lifecycle import BatchItem, BatchOutcome
-from engram_memory.store.policy import secret_kind
-from engram_memory.store.refusals import AdminUsageError
-from engram_memory.store.secrets import find_secret
+from engram_memory.store.core.lifecycle import BatchItem, BatchOutcome
+from engram_memory.store.core.refusals import AdminUsageError
+from engram_memory.store.screen.policy import secret_kind
+from engram_memory.store.screen.secrets import find_secret
 
 EXPORT_FORMAT = "engram-memory-export"
 EXPORT_VERSION = 1
@@ -65,7 +65,7 @@ FIRST_BATCH = 50  # the first batch of an import; each next one as large as all 
 
 
 def import_context(scope_ref: str) -> HostContext:
-    from engram_memory.store.rebuild import scope_names
+    from engram_memory.models.context import scope_names
 
     names = scope_names(scope_ref)
     assert names is not None, scope_ref
@@ -268,7 +268,7 @@ def read_items(path: Path, *, allow_partial: bool = False,
 
 def _export_source(path: Path, number: int, head: dict[str, Any], lines: Iterator[tuple[int, Any]],
                    allow_partial: bool) -> Source:
-    from engram_memory.store.rebuild import scope_names
+    from engram_memory.models.context import scope_names
 
     scope, count = head.get("scope"), head.get("records")
     scope_ref = None

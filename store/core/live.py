@@ -95,7 +95,7 @@ class ScopeViews:
     views: dict[str, ScopeView] = field(default_factory=dict)
     next_expiry: dict[str, int | None] = field(default_factory=dict)
     _records: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
-    # Per record: its redacted packet core and the core's canonical bytes (store/reads.py).
+    # Per record: its redacted packet core and the core's canonical bytes (store/core/reads.py).
     _cores: dict[str, tuple[dict[str, Any], bytes]] = field(default_factory=dict)
     # Per current record: its speaker labels (retrieval/rerank.py), kept past the body cache's LRU
     # so the rerank stage decrypts a head record once, not on every search that ranks it.

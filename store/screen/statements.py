@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from engram_memory.store.screen.rules import VOCAB, benign_value  # the filter the rules share
+
 # Credential nouns a connector may bind to a value, in the four languages.
 _PASSWORD = (
     r"pass(?:word|wd|phrase|code)?s?|pw|pwd|pass[ -](?:phrase|code)|mot\s+de\s+passe|mdp|passphrase|"
@@ -172,16 +174,14 @@ _CREDENTIAL_WORDS = re.compile(
 
 def _benign_token(value: str) -> bool:
     """A state or explanation word, a placeholder, a reference or a credential word itself."""
-    from engram_memory.store.secrets import _VOCAB, _benign_value  # the shared placeholder/reference filter
-
     v = value.strip().strip(".,;:!?")
     if not v:
         return True
     low = v.lower()
     parts = low.split("-")
-    if len(parts) > 1 and all(part in STATES or part in _VOCAB for part in parts):
+    if len(parts) > 1 and all(part in STATES or part in VOCAB for part in parts):
         return True  # "case-sensitive", "write-only": a description
-    if low in STATES or _benign_value(v) or set(v) <= set("*x•·.-_#") or _CREDENTIAL_WORDS.match(v):
+    if low in STATES or benign_value(v) or set(v) <= set("*x•·.-_#") or _CREDENTIAL_WORDS.match(v):
         return True
     if low.isalpha() and low == v and len(low) > 4 and low.endswith("ed"):
         return True  # "was replaced", "is hashed": a state, said with a participle

@@ -4,7 +4,7 @@ The reference engine's host-side transitions (REFERENCE_CONTRACT §7.2), run by 
 through ``engram-memory admin dispute|resolve|supersede|revoke-trust|rewind`` (server/
 admin_lifecycle.py) on an OPEN engine: the data dir's own (opened by the command, or in process
 by the server that owns the dir: server/admin_socket.py), or an admin node of a PostgreSQL store
-(store/postgres/admin.py), whose serving nodes follow from the journal (Engine._sync).
+(store/core/admin_node.py), whose serving nodes follow from the journal (Engine._sync).
 
 Each operation is one journal event in one transaction, under the engine's write lock, hash-chained
 like every event, carrying the operator's screened reason (``host_operation``) and answered with a
@@ -21,9 +21,9 @@ from typing import Any
 from engram_memory.models.digests import receipt_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import Operation, RecordState, next_state
-from engram_memory.store.adjudicate import check_reason
-from engram_memory.store.refusals import ILLEGAL_TRANSITION, NOTHING_MATCHES, AdminRefusal, AdminUsageError
-from engram_memory.store.timeutil import to_instant
+from engram_memory.store.core.refusals import ILLEGAL_TRANSITION, NOTHING_MATCHES, AdminRefusal, AdminUsageError
+from engram_memory.store.core.timeutil import to_instant
+from engram_memory.store.host.adjudicate import check_reason
 
 CURRENT = RecordState.ACCEPTED_CURRENT.value
 # What revoke-trust may name a record's support by (exactly one per call).

@@ -50,7 +50,7 @@ from engram_memory.models.canonical import canonical_bytes
 from engram_memory.models.settings import DUCKDB_STORE_FILE
 from engram_memory.retrieval._files import sha256_file
 from engram_memory.store.backend import StoreBusyError, StoreError
-from engram_memory.store.crypto import (
+from engram_memory.store.core.crypto import (
     KEYS_DIR,
     _write_private,
     fan_out,
@@ -61,9 +61,9 @@ from engram_memory.store.crypto import (
     unwrap,
     wrap,
 )
-from engram_memory.store.duckdb.backend import held_if_present, inspect_stopped, journal_hashes
-from engram_memory.store.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
-from engram_memory.store.timeutil import to_instant, wall_clock
+from engram_memory.store.core.refusals import BACKUP_INVALID, RESTORE_REFUSED, AdminRefusal
+from engram_memory.store.core.timeutil import to_instant, wall_clock
+from engram_memory.store.opening import embedded, shared
 
 FORMAT = "engram-memory-backup/1"
 STORE_FILE = DUCKDB_STORE_FILE
@@ -160,7 +160,7 @@ def snapshot(engine: Any, backup_key: bytes, out: Path) -> dict[str, Any]:
     data_dir = Path(engine.config.data_dir)
     staging = Path(tempfile.mkdtemp(prefix=".backup-", dir=data_dir))
     try:
-        with engine._rw.write():  # the engine's own write lock (store/rwlock.py): nothing changes meanwhile
+        with engine._rw.write():  # the engine's own write lock (store/core/rwlock.py): nothing changes meanwhile
             db = engine.db
             sid = db.store_id()
             heads = {scope: {"cursor": str(hw), "event_hash": h} for scope, (hw, h) in db.heads().items()}
@@ -222,7 +222,7 @@ def last_backup(data_dir: Path) -> dict[str, Any] | None:
 def backup_offline(data_dir: Path, out: Path, backup_key: bytes) -> dict[str, Any]:
     """The backup of a store no process holds: open it (without the embedding model) and snapshot."""
     from engram_memory.models.settings import EngineSettings
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
@@ -311,7 +311,7 @@ def _refuse(message: str) -> AdminRefusal:
 
 def _dir_lock(data_dir: Path) -> Any:
     """The data dir's advisory lock for the whole restore (a refusal creates no lock file)."""
-    return held_if_present(
+    return embedded().held(
         data_dir, lambda: _refuse(f"data dir {data_dir} is in use by a running server; stop it first"))
 
 
@@ -330,7 +330,7 @@ def _check_target(data_dir: Path, manifest: dict[str, Any], staged: Path, force:
     if STORE_FILE not in present:
         raise _refuse(f"{data_dir} is not empty and holds no engram-memory store; restore into an empty directory")
     try:
-        stopped = inspect_stopped(data_dir)
+        stopped = embedded().stopped(data_dir)
     except StoreBusyError:
         raise _refuse(f"data dir {data_dir} is in use by another process") from None
     except StoreError:
@@ -346,7 +346,7 @@ def _check_target(data_dir: Path, manifest: dict[str, Any], staged: Path, force:
                       " restoring it would bring them back")
     reached = {scope: hw for scope, (hw, _h) in stopped.heads.items()
                if 0 < hw <= int(heads.get(scope, {}).get("cursor", 0))}
-    ahead = ahead_of(stopped.heads, heads, journal_hashes(staged, reached) if reached else {})
+    ahead = ahead_of(stopped.heads, heads, embedded().journal_hashes(staged, reached) if reached else {})
     if ahead and not force:
         raise _refuse(f"the store at {data_dir} is ahead of this backup ({ahead}); restoring would discard"
                       " that; add --force to restore anyway (the replaced store is then kept aside, not destroyed)")
@@ -359,7 +359,7 @@ def ahead_of(target: dict[str, tuple[int, str]], backup: dict[str, Any], staged_
 
     ``staged_hashes``: the backup's event hash at the target's head cursor (where the backup
     reaches it), so a target that went on from an older point on another path is caught too."""
-    from engram_memory.store.rebuild import scope_names
+    from engram_memory.models.context import scope_names
 
     def name(scope: str) -> str:
         names = scope_names(scope)
@@ -433,7 +433,7 @@ def restore(backup: Path, backup_key: bytes, data_dir: Path, *, force: bool = Fa
 
 def held_by_another(data_dir: Path) -> bool:
     """Whether a running process holds the data dir (its advisory lock)."""
-    from engram_memory.store.rebuild import _held_by_another
+    from engram_memory.store.maintenance.rebuild import _held_by_another
 
     return _held_by_another(data_dir)
 
@@ -441,12 +441,13 @@ def held_by_another(data_dir: Path) -> bool:
 # -- a PostgreSQL store ------------------------------------------------------------------------
 #
 # One archive format for both backends: a PostgreSQL store is backed up by copying one read-only
-# snapshot of it into a temporary DuckDB store (store/postgres/export.py) and archiving that as
-# above; restored by restoring the archive into a temporary directory and migrating it into an
-# empty PostgreSQL store (store/postgres/migrate.py). Either step's temporary store holds a master
-# key of its own beside the data keys it wraps: it lives in a private temporary directory and its
-# keys are shredded when the command ends, whatever happened. The archive of a PostgreSQL store
-# carries no projections (each node's caches): a store restored from it rebuilds them on first use.
+# snapshot of it into a temporary DuckDB store (its backend's ``export_store``) and archiving that
+# as above; restored by restoring the archive into a temporary directory and migrating it into an
+# empty PostgreSQL store (its backend's ``migrate_store``: store/backend.py ``SharedBackend``).
+# Either step's temporary store holds a master key of its own beside the data keys it wraps: it
+# lives in a private temporary directory and its keys are shredded when the command ends, whatever
+# happened. The archive of a PostgreSQL store carries no projections (each node's caches): a store
+# restored from it rebuilds them on first use.
 
 
 def _scratch() -> Path:
@@ -455,11 +456,9 @@ def _scratch() -> Path:
 
 def backup_postgres(url: str, master_key: bytes, key_file: Path, out: Path, backup_key: bytes) -> dict[str, Any]:
     """The backup of the live PostgreSQL store at ``url`` written to ``out``; returns its manifest."""
-    from engram_memory.store.postgres.export import export_store
-
     scratch = _scratch()
     try:
-        export_store(url, master_key, key_file, scratch / "data")
+        shared(url).export_store(url, master_key, key_file, scratch / "data")
         return backup_offline(scratch / "data", out, backup_key)
     finally:
         _shred_store(scratch / "data")
@@ -470,13 +469,12 @@ def restore_postgres(backup: Path, backup_key: bytes, url: str, master_key: byte
     """Restore ``backup`` into the empty PostgreSQL store at ``url``, its keys wrapped under
     ``master_key``. Raises AdminRefusal (BACKUP_INVALID; RESTORE_REFUSED when the store is not empty)."""
     from engram_memory.store.backend import StoreRefused
-    from engram_memory.store.postgres.migrate import migrate_store
 
     scratch = _scratch()
     try:
         report = restore(backup, backup_key, scratch / "data")
         try:
-            migrate_store(scratch / "data", url, master_key)
+            shared(url).migrate_store(scratch / "data", url, master_key)
         except StoreRefused as exc:
             ahead = _postgres_ahead(url, report.manifest, scratch / "data")
             if ahead:
@@ -493,12 +491,10 @@ def restore_postgres(backup: Path, backup_key: bytes, url: str, master_key: byte
 def _postgres_ahead(url: str, manifest: dict[str, Any], staged: Path) -> str:
     """How far the PostgreSQL store at ``url`` is ahead of the backup (``ahead_of``), when it is a
     copy of the same store; "" otherwise (another store, or one that cannot be read)."""
-    from engram_memory.store.postgres.inspect import store_heads
-
-    heads = store_heads(url, manifest["store_id"])
+    heads = shared(url).store_heads(url, manifest["store_id"])
     if heads is None:
         return ""
     backup_heads = manifest["heads"]
     reached = {scope: hw for scope, (hw, _h) in heads.items()
                if 0 < hw <= int(backup_heads.get(scope, {}).get("cursor", 0))}
-    return ahead_of(heads, backup_heads, journal_hashes(staged, reached) if reached else {})
+    return ahead_of(heads, backup_heads, embedded().journal_hashes(staged, reached) if reached else {})

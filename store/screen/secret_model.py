@@ -1,10 +1,10 @@
 """The learned secrets screen: a linear model over hashed features, read with numpy alone.
 
-The rules (store/secrets.py, store/statements.py, store/secret_layouts.py) say what they are sure
+The rules (store/screen/secrets.py, store/screen/statements.py, store/screen/secret_layouts.py) say what they are sure
 of; this model catches what nobody wrote a rule for -- a Wi-Fi password that is a word, a card
 number with its CVV, a seed phrase, a password on the line after "can you log in for me?". The
 admission policy refuses a string when a rule fires OR the model's probability reaches its
-threshold (``store/policy.py``).
+threshold (``store/screen/policy.py``).
 
 Features (``features``), the same at training (checks/secrets_train.py) and here:
 

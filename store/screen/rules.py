@@ -1,4 +1,5 @@
-"""Secret screening for the default admission policy (TOOL_CONTRACT §4: secrets never become memory).
+"""The rule families of the secrets screen and the benign-value filter they share (store/screen/secrets.py
+runs them, with the layouts, the statement judge and the learned screen).
 
 ``find_secret(text)`` says whether one string carries secret material, and what kind (never the
 value). ``strings_of(obj)`` walks any JSON structure and yields every string in it, so the
@@ -32,19 +33,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 from detect_secrets.plugins.keyword import KeywordDetector as _KeywordDetector
-
-from engram_memory.store.secret_layouts import find_in_layout
-from engram_memory.store.secret_model import load_model
-from engram_memory.store.statements import find_statement
-
-__all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secret", "rules_only", "strings_of"]
 
 _MAX_VALUE = 300  # characters of a value examined; a secret longer than this is still caught by its head
 
@@ -234,7 +226,7 @@ _PAIR = re.compile(
 # ---- benign values --------------------------------------------------------------------------------
 
 # Words that describe a secret or continue a sentence; never themselves the value.
-_VOCAB = frozenset(
+VOCAB = frozenset(
     """
     a an the this that these those it its is was are be been being not no never none nothing always also only
     just still now then there here same different another other any some every each all both either neither
@@ -404,7 +396,7 @@ def _entropy(value: str) -> float:
 def _wordy(word: str) -> bool:
     """A letters-only token that reads as an English word (or a known term), not as a password."""
     low = word.lower()
-    if low in _VOCAB or low in _UNITS:
+    if low in VOCAB or low in _UNITS:
         return True
     if not low.isalpha() or not _WORD_CASE.match(word):
         return False
@@ -441,7 +433,7 @@ def _code_path(parts: list[str]) -> bool:
         return False  # a signed cookie or token: eyJ1c2VyIjoxfQ.ZmFrZV9zaWduYXR1cmU (not Ed25519PrivateKey)
     if parts[0].lower() in _CODE_ROOTS:
         return True
-    return any("_" in p or p.isupper() or p[:1].isupper() or p.lower() in _VOCAB for p in parts)
+    return any("_" in p or p.isupper() or p[:1].isupper() or p.lower() in VOCAB for p in parts)
 
 
 def _random_looking(part: str) -> bool:
@@ -463,7 +455,7 @@ _COOKIE_ATTRIBUTE = re.compile(r"(?i)^(?:samesite|secure|httponly|path|domain|ma
                                r"(?:=[\w./-]*)?\W*$")
 
 
-def _benign_value(value: str, quoted: bool = False) -> bool:
+def benign_value(value: str, quoted: bool = False) -> bool:
     """Placeholders, references, digests, hashes and versions: never a secret. Unquoted, also code
     (``os.environ["X"]``, ``settings.DB_PASSWORD``, ``db_password``): a quoted value is a literal."""
     v = value.strip().strip(_QUOTES).strip()
@@ -495,7 +487,7 @@ def _benign_value(value: str, quoted: bool = False) -> bool:
     if not _IDENT.match(v) or _random_looking(v):
         return False
     humps = sum(a.islower() and b.isupper() for a, b in zip(v, v[1:], strict=False))
-    return _key_tier(v) is not None and humps <= 2 and ("_" in v or humps >= 1 or v.lower() in _VOCAB)
+    return _key_tier(v) is not None and humps <= 2 and ("_" in v or humps >= 1 or v.lower() in VOCAB)
 
 
 def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
@@ -508,15 +500,15 @@ def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
     (adjacency), so only unmistakable shapes count. ``whole``: the value is delimited (``--flag=value``),
     what follows it is another argument, not the rest of a sentence."""
     value, quoted, rest = _split_value(raw, query)
-    if _benign_value(value, quoted and not raw.lstrip().startswith("`")):  # `get_token()` is code
+    if benign_value(value, quoted and not raw.lstrip().startswith("`")):  # `get_token()` is code
         return False
     if quoted:
         value = value.strip()
         if " " in value:  # "correct horse battery staple"; not "must be 12 characters" nor "Stripe Access Key"
             words = value.lower().split()
-            return tier == "P" and not strict and len(value) >= 8 and words[0] not in _VOCAB and \
+            return tier == "P" and not strict and len(value) >= 8 and words[0] not in VOCAB and \
                 words[-1] not in _NAME_ENDS
-        if value.lower() in _VOCAB:
+        if value.lower() in VOCAB:
             return False
         whole = True  # delimited: what follows is not the rest of its sentence
     next_word = re.match(r"\s*([A-Za-z][A-Za-z'-]*)", rest)
@@ -533,13 +525,13 @@ def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
         return False
     parts = [p for p in re.split(r"[-_ ]", value) if p]
     if not quoted and _SNAKE.match(value):  # token = read_stream_writer: a variable, unless a passphrase
-        return tier == "P" and len(parts) >= 3 and not any(p in _VOCAB or p in _CODE_WORDS for p in parts) \
+        return tier == "P" and len(parts) >= 3 and not any(p in VOCAB or p in _CODE_WORDS for p in parts) \
             and not any(p.isdigit() for p in parts)
     if all(p.isalpha() for p in parts):  # words only: "hashed", "case-sensitive", "correcthorsebatterystaple"
         if strict:
             return False
         mixed_case = any(ch.isupper() for ch in value[1:]) and any(ch.islower() for ch in value)
-        if value.lower() in _VOCAB:
+        if value.lower() in VOCAB:
             return False
         if len(parts) >= 3 and " " not in value and not any(p.lower() in _SECRET_NOUNS for p in parts) and \
                 not any(p.lower() in {"to", "of", "by", "in", "on", "a", "the", "and", "or"} for p in parts):
@@ -551,7 +543,7 @@ def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
             return False  # challengePassword, privateKeyUsagePeriod: a name
         glued = len(parts) == 1 and len(value) >= 16 and value[1:].islower() and \
             not value.lower().endswith(_LONG_WORD_SUFFIXES)
-        if len(value) >= 8 and any(len(p) >= 6 and p.islower() and p not in _VOCAB and _CONSONANTS.search(p)
+        if len(value) >= 8 and any(len(p) >= 6 and p.islower() and p not in VOCAB and _CONSONANTS.search(p)
                                    for p in parts):
             return True  # lxbgrfunpj: four consonants in a row is rarely English
         if glued and tier == "P":
@@ -566,10 +558,10 @@ def _value_is_secret(raw: str, tier: str, *, prose: bool = False,
             return len(value) >= 16 and (mixed_case or len(value) >= 24)
         return True
     # hyphenated terms whose parts are words, units, or numbers with units: "30-day", "HS256-signed"
-    if len(parts) > 1 and all(p.isdigit() or _wordy(p) or p.lower() in _VOCAB for p in parts) and \
+    if len(parts) > 1 and all(p.isdigit() or _wordy(p) or p.lower() in VOCAB for p in parts) and \
             any(not p.isdigit() for p in parts) and not any(ch in value for ch in "!@#$%^&*+=/~"):
         return False
-    if value.lower() in _VOCAB or _EMAIL.match(value):
+    if value.lower() in VOCAB or _EMAIL.match(value):
         return False
     if strict:
         return letters >= 2 and digits >= 1 and len(value) >= 6 and (symbols >= 1 or any(c.isupper() for c in value))
@@ -673,7 +665,7 @@ def _prose(line: str) -> str | None:
             if _value_is_secret(match.group("val"), tier, prose=index != 1, strict=strict):
                 return "prose_credential"
     for match in _PAIR.finditer(line):
-        if _value_is_secret(match.group("val"), "P", strict=False) and not _benign_value(match.group("user")):
+        if _value_is_secret(match.group("val"), "P", strict=False) and not benign_value(match.group("user")):
             return "prose_credential"
     return None
 
@@ -689,12 +681,12 @@ def _prose_tier(kw: str) -> str | None:
 
 def _headers(line: str) -> str | None:
     for match in _AUTH_HEADER.finditer(line):
-        if not _benign_value(match.group("val")) and len(set(match.group("val"))) > 4:
+        if not benign_value(match.group("val")) and len(set(match.group("val"))) > 4:
             return "bearer_token"
     for match in _BEARER.finditer(line):
         val = match.group("val")
         mixed = any(c.isupper() for c in val) and any(c.islower() for c in val)
-        if not _benign_value(val) and _entropy(val) >= 3.0 and (any(c.isdigit() for c in val) or
+        if not benign_value(val) and _entropy(val) >= 3.0 and (any(c.isdigit() for c in val) or
                                                                  (mixed and len(val) >= 20)):
             return "bearer_token"
     for match in _COOKIE.finditer(line):
@@ -704,13 +696,13 @@ def _headers(line: str) -> str | None:
         for pair in pairs:
             name, eq, value = pair.partition("=")
             value = value.strip().strip("\"'")
-            if not eq or _benign_value(value) or len(value) < 8:
+            if not eq or benign_value(value) or len(value) < 8:
                 continue
             if _SESSIONISH.search(name) or _token_like(value):
                 return "session_cookie"
     for pattern in _CLI:
         for match in pattern.finditer(line):
-            if not _benign_value(match.group("val"), quoted=True):
+            if not benign_value(match.group("val"), quoted=True):
                 return "cli_credential"
     return None
 
@@ -721,7 +713,7 @@ _HEX = re.compile(r"^[0-9a-fA-F]{32,}$")
 
 def _strong_token(value: str) -> bool:
     """A UUID, 32+ hex digits, or 16+ random-looking characters: a token by its shape alone."""
-    if _benign_value(value, quoted=True):
+    if benign_value(value, quoted=True):
         return False
     return bool(_UUID.match(value) or _HEX.match(value)) or (_random_looking(value) and len(value) >= 16) or \
         (len(value) >= 20 and _token_like(value))
@@ -744,7 +736,7 @@ def _shapes(text: str) -> str | None:
                 return "openai_key"
     for match in _URL_CREDS.finditer(text) if "://" in text else ():
         password = match.group(3)
-        if not _benign_value(password) and not password.isdigit():  # host:port@ is not a password
+        if not benign_value(password) and not password.isdigit():  # host:port@ is not a password
             return "connection_string"
     for match in _USERINFO.finditer(text) if "@" in text else ():
         if match.group("user").lower() not in _NOT_USERS and _value_is_secret(match.group("pw"), "P", whole=True):
@@ -773,7 +765,7 @@ def _detect_secrets(line: str) -> str | None:
     for detector in _DETECTORS:
         for found in detector.analyze_line(filename=_ADHOC, line=line, line_number=0):
             value = found.secret_value or ""
-            if not value or _benign_value(value) or value.lower() in _VOCAB:
+            if not value or benign_value(value) or value.lower() in VOCAB:
                 continue
             if isinstance(detector, _KeywordDetector) and not _value_is_secret(repr(value), "P"):
                 continue  # the keyword rule takes any quoted value; ours asks the value to look like one
@@ -792,7 +784,7 @@ _DETECTOR_HINTS = re.compile(
 )
 
 
-# ---- 5. statements in four languages (store/statements.py) ---------------------------------------
+# ---- 5. statements in four languages (store/screen/statements.py) ---------------------------------------
 
 _STATEMENT_HINTS = re.compile(
     r"(?i)pass|pw|pin|code|c(?:ó|o)digo|mdp|mot de|contrase|clave|kennwort|passwort|key|cl(?:é|e)|schl(?:ü|u)ssel|"
@@ -806,73 +798,22 @@ _STATEMENT_HINTS = re.compile(
     r"currently|actuel|actual|derzeit|zurzeit|privat|privad|priv|interphone|telefonillo|klingel|keller|spind|"
     r"casier|shed|alarm|keypad|locker|code|\d-\d-\d|senha|wachtwoord|parola|box|account|compte|cuenta|konto")
 
-# ---- the screen -----------------------------------------------------------------------------------
+
+# ---- what the screen runs (store/screen/secrets.py) ------------------------------------------------
 
 
-def find_rule_secret(text: str) -> str | None:
-    """The kind of the first secret the rules find in ``text``, or None. Never returns the value."""
-    if not text or len(text) < 4:
-        return None
-    found = _shapes(text) or find_in_layout(text)
-    if found:
-        return found
-    for line in text.splitlines() or [text]:
-        if len(line) < 4:
-            continue
-        # Each rule family runs only on a line holding a word it needs (a cheap first look).
-        found = (_STEMS.search(line) and (_assignments(line) or _prose(line))) or \
-            (_HEADER_HINTS.search(line) and _headers(line)) or \
-            (_DETECTOR_HINTS.search(line) and _detect_secrets(line)) or \
-            (_STATEMENT_HINTS.search(line) and find_statement(line))
-        if found:
-            return found
-    return None
+def find_shape(text: str) -> str | None:
+    """A token shape that is a secret wherever it appears (layer 1), by kind."""
+    return _shapes(text)
 
 
-# The learned screen beside the rules (store/secret_model.py): on unless a caller measuring the rules
-# alone turns it off for its own context (``rules_only()``: eval-secrets' "rules alone" column).
-_LEARNED: ContextVar[bool] = ContextVar("engram_learned_secret_screen", default=True)
-CLASSIFIER_KIND = "classifier"
+def find_in_line(line: str) -> str | None:
+    """Layers 2-4 on one line; each family runs only on a line holding a word it needs (a cheap first look)."""
+    return (_STEMS.search(line) and (_assignments(line) or _prose(line))) or \
+        (_HEADER_HINTS.search(line) and _headers(line)) or \
+        (_DETECTOR_HINTS.search(line) and _detect_secrets(line)) or None
 
 
-@contextmanager
-def rules_only() -> Iterator[None]:
-    """Within this block (this context only), ``find_secret`` is the rules alone."""
-    token = _LEARNED.set(False)
-    try:
-        yield
-    finally:
-        _LEARNED.reset(token)
-
-
-def find_secret(text: str) -> str | None:
-    """The kind of the first secret in ``text`` (a rule's kind, or ``"classifier"`` when only the learned
-    screen fires), or None. Never returns the value. The decision is: a rule fires OR the model's
-    probability reaches the threshold shipped in its card."""
-    found = find_rule_secret(text)
-    if found or not _LEARNED.get() or not text or len(text) < 4:
-        return found
-    model = load_model()
-    if model is not None and model.fires(text):
-        return CLASSIFIER_KIND
-    return None
-
-
-def strings_of(obj: Any) -> Iterator[str]:
-    """Every string in a JSON structure (object keys included), depth first."""
-    stack = [obj]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            yield node
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if isinstance(key, str):
-                    yield key
-                stack.append(value)
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-
-
-def contains_secret(texts: Iterable[str]) -> bool:
-    return any(find_secret(text) for text in texts)
+def names_a_statement(line: str) -> bool:
+    """Whether the statement judge (store/screen/statements.py) has a word to read in the line."""
+    return _STATEMENT_HINTS.search(line) is not None

@@ -1,6 +1,6 @@
 """What an operator may read of a scope without decrypting anything: its journal and the
-metadata of its pending candidates (ids, states, cursors, times, digests). Read-only: the
-store file is opened read-only and no data key is ever loaded."""
+metadata of its pending candidates (ids, states, cursors, times, digests). Read-only, through
+the store's ``Inspector`` (store/backend.py; either backend): no data key is ever loaded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engram_memory.store.duckdb import stopped
+from engram_memory.store.backend import Inspector
+from engram_memory.store.opening import embedded
 
 # The journal fields shown (never a whole event body: it is already content-free, but the
 # listing stays an explicit allow-list so a future field cannot leak through it).
@@ -26,13 +27,22 @@ def event_instant(event: dict[str, Any]) -> str:
 
 
 def journal(data_dir: Path, scope_ref: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The journal of a scope of the stopped store in ``data_dir`` (``journal_of``)."""
+    inspector = embedded().inspector(data_dir)
+    try:
+        return journal_of(inspector, scope_ref, limit)
+    finally:
+        inspector.close()
+
+
+def journal_of(inspector: Inspector, scope_ref: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The scope's journal, oldest first (the last ``limit`` events when given)."""
-    return journal_listing(stopped.journal_rows(data_dir, scope_ref, limit))
+    return journal_listing(inspector.journal_tail(scope_ref, limit))
 
 
 def journal_listing(rows: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
     """(cursor, body, event_hash) rows, newest first, as listed: oldest first, allowed fields only
-    (either backend reads the rows: store/duckdb/stopped.py, store/postgres/inspect.py)."""
+    (``Inspector.journal_tail``'s, of either backend)."""
     out = []
     for cursor, body, event_hash in reversed(rows):
         event = json.loads(body)
@@ -47,11 +57,20 @@ def journal_listing(rows: list[tuple[int, str, str]]) -> list[dict[str, Any]]:
 
 
 def pending_candidates(data_dir: Path, scope_ref: str) -> list[dict[str, Any]]:
+    """The pending candidates of a scope of the stopped store in ``data_dir`` (``pending_of``)."""
+    inspector = embedded().inspector(data_dir)
+    try:
+        return pending_of(inspector, scope_ref)
+    finally:
+        inspector.close()
+
+
+def pending_of(inspector: Inspector, scope_ref: str) -> list[dict[str, Any]]:
     """The scope's pending candidates: metadata only (their sealed envelopes are never opened).
 
     ``held`` says the candidate's content was forgotten in this scope before, so its admission
     waits for an operator (``admin adjudicate``); that is read from digests, not content."""
-    return candidate_listing(stopped.pending_candidates(data_dir, scope_ref))
+    return candidate_listing(inspector.pending_candidates(scope_ref))
 
 
 def candidate_listing(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The read path: ranked search and direct get, over the scope views and the projections.
 
-Eligibility is a lookup in the scope's view (store/live.py), not a query; only the returned
+Eligibility is a lookup in the scope's view (store/core/live.py), not a query; only the returned
 page is loaded and decrypted (cached afterwards). Everything here runs under the engine's read
 lock, so reads run together and each sees one cursor; nothing here writes.
 """
@@ -35,10 +35,10 @@ from engram_memory.retrieval.receipts import (
     response_body,
 )
 from engram_memory.retrieval.rerank import HeadFacts, RerankConfig, rerank, speaker_labels
-from engram_memory.store.authz import authorization_receipt
-from engram_memory.store.lifecycle import event_type, primary_text
-from engram_memory.store.live import ScopeView, ScopeViews
-from engram_memory.store.timeutil import to_instant
+from engram_memory.store.core.authz import authorization_receipt
+from engram_memory.store.core.lifecycle import event_type, primary_text
+from engram_memory.store.core.live import ScopeView, ScopeViews
+from engram_memory.store.core.timeutil import to_instant
 
 
 def search_request_digest(args: Mapping[str, Any], profile: str) -> str:

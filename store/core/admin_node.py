@@ -1,4 +1,4 @@
-"""The engine an admin command opens on a PostgreSQL store: a short-lived node of its own.
+"""The engine an admin command opens on a shared store (``--store URL``): a short-lived node of its own.
 
 It takes no projections (its data dir is a temporary directory, removed afterwards: the admin
 command only journals lifecycle events, and every serving node catches up from the journal,
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.engine import Engine
+from engram_memory.store.core.engine import Engine
 
 
 @contextmanager

@@ -34,12 +34,12 @@ from engram_memory.models.states import (
     admission_step,
     next_state,
 )
-from engram_memory.store import ledger
-from engram_memory.store.authz import authorization_receipt
 from engram_memory.store.backend import KeyRing, NewCandidate, NewRecord, Store, UnitOfWork
-from engram_memory.store.crypto import open_sealed, seal
-from engram_memory.store.policy import DefaultAdmissionPolicy, screen_cache
-from engram_memory.store.timeutil import from_instant, to_instant
+from engram_memory.store.core import ledger
+from engram_memory.store.core.authz import authorization_receipt
+from engram_memory.store.core.crypto import open_sealed, seal
+from engram_memory.store.core.timeutil import from_instant, to_instant
+from engram_memory.store.screen.policy import DefaultAdmissionPolicy, screen_cache
 
 ASSERTED_VERIFIER = "engram-memory:asserted"  # this server's name (the reference says graphify-memory)
 CURRENT = RecordState.ACCEPTED_CURRENT
@@ -829,7 +829,7 @@ class Lifecycle:
     def expire_due(self, scope_ref: str, now: int) -> list[str]:
         """Append an expire event for each record past retention.expires_at (REFERENCE §7.4).
 
-        The engine calls it only when its scope view says a record is due (store/live.py)."""
+        The engine calls it only when its scope view says a record is due (store/core/live.py)."""
         if not self.db.due_expiries(scope_ref, [s.value for s in EXPIRABLE], now):
             return []  # the common case, without a transaction
         at = to_instant(now)

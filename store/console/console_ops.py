@@ -1,15 +1,15 @@
 """The operator's lifecycle operations from the console: each named by an exact request, shown with
 its digest before it runs, and run only when the confirmed digest still matches.
 
-Adjudication is store/adjudicate.py's; dispute, resolve, supersede and revoke trust are the host
-lifecycle API of store/hostops.py; approve and deny decide a request awaiting the operator's
-approval (store/approvals.py), in the page's scope only; forget is the agent's own forget
+Adjudication is store/host/adjudicate.py's; dispute, resolve, supersede and revoke trust are the host
+lifecycle API of store/host/hostops.py; approve and deny decide a request awaiting the operator's
+approval (store/host/approvals.py), in the page's scope only; forget is the agent's own forget
 (Engine.forget: one tombstone event, the key destroyed, the projections purged), run for the
 operator, whose confirmation replaces the host's confirmation guard:
 
 * the console derives the whole forget request first -- ``record_id``, a fresh ``idempotency_key``
   and the operator's reason as ``reason_ref`` -- and shows its digest, which is the intent hash the
-  store binds that key to (store/ledger.py ``intent_hash("forget", request)``);
+  store binds that key to (store/core/ledger.py ``intent_hash("forget", request)``);
 * the operator confirms that digest (a single-use confirmation that lives at most
   ``CONFIRM_TTL_S``, the contract's bound for a human approval) and the console runs exactly that
   request, after recomputing its digest from what was submitted;
@@ -24,11 +24,11 @@ from typing import Any
 
 from engram_memory.models.limits import CONFIRM_TTL_S
 from engram_memory.models.states import Operation, can_transition
-from engram_memory.store import hostops
-from engram_memory.store.adjudicate import check_reason
-from engram_memory.store.console_reads import operator_context, record_console_call
-from engram_memory.store.ledger import intent_hash
-from engram_memory.store.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.console.console_reads import operator_context, record_console_call
+from engram_memory.store.core.ledger import intent_hash
+from engram_memory.store.core.refusals import AdminRefusal, AdminUsageError
+from engram_memory.store.host import hostops
+from engram_memory.store.host.adjudicate import check_reason
 
 __all__ = ["CONFIRM_TTL_S", "OPERATIONS", "build", "digest", "legal_operations", "run"]
 
@@ -39,7 +39,7 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "supersede": ("record_id", "by"),
     "revoke_trust": ("scope_ref", "source_ref", "evidence_ref", "principal"),
     "forget": ("record_id", "idempotency_key", "reason_ref"),
-    # a request awaiting the operator's approval (store/approvals.py), decided for its own scope
+    # a request awaiting the operator's approval (store/host/approvals.py), decided for its own scope
     "approve": ("scope_ref", "request_id"),
     "deny": ("scope_ref", "request_id"),
 }
@@ -114,7 +114,7 @@ def run(engine: Any, operation: str, request: dict[str, Any], now: int, session:
         return _forget(engine, request, session)
     reason = request["reason"]
     if operation in ("approve", "deny"):
-        from engram_memory.store.approvals import decide
+        from engram_memory.store.host.approvals import decide
 
         return decide(engine, request["request_id"], operation == "approve", reason, now, request["scope_ref"])
     if operation == "dispute":
@@ -132,7 +132,7 @@ def run(engine: Any, operation: str, request: dict[str, Any], now: int, session:
 def _forget(engine: Any, request: dict[str, Any], session: str) -> dict[str, Any]:
     from engram_memory.models.errors import EngramError
     from engram_memory.models.tools import ForgetInput, to_plain
-    from engram_memory.store.console_reads import record_scope
+    from engram_memory.store.console.console_reads import record_scope
 
     scope_ref = record_scope(engine, request["record_id"])
     if scope_ref is None:

@@ -3,7 +3,7 @@
 ``explain`` re-derives a search's rank receipt from the store as of the receipt's cursor: the
 scope's records current at ``system_as_of`` (replayed from the journal), their projections rebuilt
 in a temporary directory (the stored, sealed embeddings: nothing is re-embedded but the query),
-and the search path itself (store/reads.py ``ReadPath.search``) run over them at the receipt's
+and the search path itself (store/core/reads.py ``ReadPath.search``) run over them at the receipt's
 instant. Then every field of the receipt is compared with the re-derived one. A record named by
 the receipt that has been forgotten since cannot be re-derived: it is reported by id alone.
 
@@ -33,12 +33,12 @@ from engram_memory.retrieval.embedder import MODEL_LANGUAGES, foreign_language
 from engram_memory.retrieval.languages import identify
 from engram_memory.retrieval.lexical import LexicalDoc
 from engram_memory.retrieval.projections import Projections
-from engram_memory.store.crypto import open_sealed
-from engram_memory.store.lifecycle import lexical_fields, record_context
-from engram_memory.store.live import ScopeView, ScopeViews
-from engram_memory.store.reads import ReadPath, SearchPlan, search_request_digest
-from engram_memory.store.refusals import AdminUsageError
-from engram_memory.store.timeutil import from_instant
+from engram_memory.store.core.crypto import open_sealed
+from engram_memory.store.core.lifecycle import lexical_fields, record_context
+from engram_memory.store.core.live import ScopeView, ScopeViews
+from engram_memory.store.core.reads import ReadPath, SearchPlan, search_request_digest
+from engram_memory.store.core.refusals import AdminUsageError
+from engram_memory.store.core.timeutil import from_instant
 
 HYBRID = "hybrid_v1"
 REQUEST_OPTIONS = "the query, --purpose-ref, --limit, --max-packet-bytes and --minimum-channels"

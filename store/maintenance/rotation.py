@@ -1,5 +1,5 @@
 """``admin rotate-master-key``: every data key re-wrapped under a new master key (KeyStore.rotate;
-on a PostgreSQL store, store/postgres/keys.py).
+on a PostgreSQL store, its backend's ``rotate_master_key``: store/backend.py ``SharedBackend``).
 
 Run with the store closed to servers: the data dir's advisory lock is held throughout, so no
 key is created or destroyed meanwhile."""
@@ -12,8 +12,8 @@ import secrets
 from pathlib import Path
 
 from engram_memory.retrieval._files import fsync_dir
-from engram_memory.store.crypto import KeyStore
-from engram_memory.store.refusals import STORE_BUSY, AdminRefusal
+from engram_memory.store.core.crypto import KeyStore
+from engram_memory.store.core.refusals import STORE_BUSY, AdminRefusal
 
 
 def rotate_master_key(data_dir: Path) -> int:
@@ -31,16 +31,15 @@ def rotate_master_key(data_dir: Path) -> int:
 
 
 def rotate_postgres(url: str, old_key_file: Path, old_key: bytes, out: Path) -> int:
-    """A PostgreSQL store's rotation (store/postgres/keys.py): every wrapped key re-wrapped in one
+    """A PostgreSQL store's rotation (``SharedBackend.rotate_master_key``): every wrapped key re-wrapped in one
     transaction, under a new master key written to ``out``. Returns the number of data keys.
 
     The new key is on disk (created exclusively, fsynced) *before* the commit: written after it, a
     failed write would leave the store under a key nobody has. If the rotation does not commit the
     file is shredded, so a refusal leaves no file; only a crash in between can leave one, holding
     a key the store does not know (harmless: every command refuses it). Raises FileExistsError."""
-    from engram_memory.store.crypto import shred
-    from engram_memory.store.opening import MASTER_KEY_BYTES
-    from engram_memory.store.postgres.keys import rotate_master_key as rotate
+    from engram_memory.store.core.crypto import shred
+    from engram_memory.store.opening import MASTER_KEY_BYTES, shared
 
     new_key = secrets.token_bytes(MASTER_KEY_BYTES)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -51,7 +50,7 @@ def rotate_postgres(url: str, old_key_file: Path, old_key: bytes, out: Path) -> 
         os.close(fd)
     fsync_dir(out.absolute().parent)
     try:
-        return rotate(url, old_key, old_key_file, new_key)
+        return shared(url).rotate_master_key(url, old_key, old_key_file, new_key)
     except BaseException:
         shred(out)
         raise

@@ -14,7 +14,7 @@ from engram_memory.models.settings import EngineSettings
 
 def expire(data_dir: Path, scope_ref: str | None, now: int) -> dict[str, list[str]]:
     """scope_ref -> the record ids expired (scopes with none are listed with an empty list)."""
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
     try:
@@ -25,7 +25,7 @@ def expire(data_dir: Path, scope_ref: str | None, now: int) -> dict[str, list[st
 
 def expire_with(engine: Any, scope_ref: str | None, now: int) -> dict[str, list[str]]:
     """The expiry on an open engine: the data dir's own (DuckDB, its projections purged here), or an
-    admin node of a shared store (store/postgres/admin.py), whose serving nodes purge theirs when
+    admin node of a shared store (store/core/admin_node.py), whose serving nodes purge theirs when
     they catch up from the journal (each expire event moves the scope's projection cursor)."""
     out: dict[str, list[str]] = {}
     with engine._rw.write():  # the engine's write lock: one writer, as every mutation

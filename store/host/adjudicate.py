@@ -4,7 +4,7 @@ Run with the store closed to servers (the caller checked): the engine is opened 
 embedding model; an accepted record is indexed lexically at once, and a server embeds it at
 its next start (its semantic backfill embeds every current record that lacks a vector).
 On a PostgreSQL store it runs against the live store (``adjudicate_with`` on an admin engine,
-store/postgres/admin.py); the serving nodes index and embed the record as they catch up."""
+store/core/admin_node.py); the serving nodes index and embed the record as they catch up."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from engram_memory.models.settings import EngineSettings
-from engram_memory.store.refusals import NOT_ADJUDICABLE, AdminRefusal, AdminUsageError
-from engram_memory.store.secrets import find_secret
+from engram_memory.store.core.refusals import NOT_ADJUDICABLE, AdminRefusal, AdminUsageError
+from engram_memory.store.screen.secrets import find_secret
 
 MAX_REASON = 500  # characters: a reason is a sentence or two, kept in the journal for good
 
@@ -33,7 +33,7 @@ def check_reason(reason: str) -> str:
 
 
 def adjudicate(data_dir: Path, candidate_id: str, accept: bool, reason: str, now: int) -> dict[str, Any]:
-    from engram_memory.store.engine import Engine
+    from engram_memory.store.core.engine import Engine
 
     reason = check_reason(reason)
     engine = Engine.open(EngineSettings(data_dir=data_dir, semantic=False))
