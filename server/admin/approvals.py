@@ -50,7 +50,7 @@ def _run(body: dict[str, Any], data_dir: Path | None, store: str | None, key_fil
     pg = _postgres(store, key_file, data_dir)
     if pg is not None:
         assert pg.key_file is not None
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), _busy(f"{what} on the PostgreSQL store"), admin_engine(pg.url, pg.key_file) as engine:
             return approval_request(engine, body)

@@ -55,7 +55,7 @@ def expire_cmd(data_dir: DataDir = None, scope: Scope = None, store: PgStore = N
     if pg is not None:
         assert pg.key_file is not None
         _pg_scope(pg, scope_ref)
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), _busy("expiring due records"), admin_engine(pg.url, pg.key_file) as engine:
             done = expire_with(engine, scope_ref, _now())
@@ -94,7 +94,7 @@ def adjudicate_cmd(
         check_reason(reason)  # before the store is touched
     if pg is not None:
         assert pg.key_file is not None
-        from engram_memory.store.postgres.admin import admin_engine
+        from engram_memory.store.core.admin_node import admin_engine
 
         with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
             result = adjudicate_with(engine, "the PostgreSQL store", candidate, accept, reason, _now())

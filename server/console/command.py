@@ -2,7 +2,7 @@
 
 It owns the store while it runs: a DuckDB data dir is held as a server holds it (its lock; a
 server already holding it is STORE_BUSY, exit 1), a PostgreSQL store is joined as an admin node
-(store/postgres/admin.py). Mistakes are one line and exit 2, as the admin commands'."""
+(store/core/admin_node.py). Mistakes are one line and exit 2, as the admin commands'."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def console_cmd(
         else:
             assert pg.key_file is not None
             from engram_memory.server.admin.options import _pg_outcomes
-            from engram_memory.store.postgres.admin import admin_engine
+            from engram_memory.store.core.admin_node import admin_engine
 
             with _pg_outcomes(), admin_engine(pg.url, pg.key_file) as engine:
                 _serve(engine, "the PostgreSQL store", scope_ref, listener, host, port, allow_remote)
