@@ -185,9 +185,9 @@ class ServeSettings(BaseSettings, EngineSettings):
                     + ", ".join(bound)
                 )
         if self.store is not None:
-            from engram_memory.store.postgres.url import check_store_url
+            from engram_memory.store.opening import shared
 
-            check_store_url(self.store)  # a password in it is refused; the message never repeats it
+            shared(self.store).check_url(self.store)  # a password in it is refused; the message never repeats it
         if self.purpose_ref:
             try:
                 size = utf8_len(self.purpose_ref)

@@ -62,17 +62,6 @@ PACKAGE = "engram_memory"
 BACKEND_MODULES = (f"{PACKAGE}.store.duckdb", f"{PACKAGE}.store.postgres")
 CHECKED = ("models", "retrieval", "store", "server", "eval")
 OPENING = REPO / "store" / "opening.py"
-# Files of server/ that still import a backend directly: the lead converts them to store/opening.py's
-# ``embedded()`` / ``shared(url)`` / ``check_store_options`` (the API they need is there: admin_engine,
-# check_url, inspector, init_store, migrate_counts, migrate_store; LiveNodesError and MigrateUsageError
-# from store/backend.py), then empties this set. Temporary: nothing may be added to it.
-SERVER_NOT_YET_CONVERTED = {
-    "server/admin/options.py",
-    "server/admin/rebuild.py",
-    "server/admin/review.py",
-    "server/admin/store_setup.py",
-    "server/config.py",
-}
 
 
 def _module_of(path: Path, root: Path) -> str:
@@ -117,17 +106,8 @@ def _outside_the_backends(root: Path = REPO) -> list[Path]:
 
 
 def test_only_the_opening_module_imports_a_backend() -> None:
-    offences = [o for path in _outside_the_backends()
-                if path.relative_to(REPO).as_posix() not in SERVER_NOT_YET_CONVERTED
-                for o in backend_imports(path)]
+    offences = [o for path in _outside_the_backends() for o in backend_imports(path)]
     assert offences == [], "import the backend through store/opening.py:\n" + "\n".join(offences)
-
-
-def test_the_server_allow_list_only_shrinks() -> None:
-    """Each file still allowed exists and still imports a backend (a converted one leaves the list)."""
-    stale = [name for name in sorted(SERVER_NOT_YET_CONVERTED)
-             if not (REPO / name).is_file() or not backend_imports(REPO / name)]
-    assert stale == [], f"no longer importing a backend (remove from SERVER_NOT_YET_CONVERTED): {stale}"
 
 
 def test_the_backend_import_check_sees_a_planted_import(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def _pg_outcomes() -> Iterator[None]:
         with _outcomes():
             yield
     except StoreRefused as exc:
-        from engram_memory.store.postgres.keys import LiveNodesError
+        from engram_memory.store.backend import LiveNodesError
 
         if isinstance(exc, LiveNodesError):
             raise _refuse(STORE_BUSY, str(exc)) from None
@@ -141,10 +141,10 @@ def _pg_scope(pg: _Pg, scope_ref: str | None) -> None:
     """Refuse a scope the PostgreSQL store does not have (before anything is written)."""
     if scope_ref is None:
         return
-    from engram_memory.store.postgres.inspect import PostgresInspector
+    from engram_memory.store.opening import shared
 
     with _pg_outcomes():
-        inspector = PostgresInspector(pg.url, pg.key, pg.key_file)
+        inspector = shared(pg.url).inspector(pg.url, pg.key, pg.key_file)
         try:
             scopes = inspector.scopes()
         finally:
@@ -218,10 +218,10 @@ StoreUrl = Annotated[str, typer.Option(
 
 
 def _store_url(text: str) -> str:
-    from engram_memory.store.postgres.url import check_store_url
+    from engram_memory.store.opening import shared
 
     try:
-        return check_store_url(text)
+        return shared(text).check_url(text)
     except ValueError as exc:
         raise _fail(str(exc)) from None
 

@@ -68,7 +68,7 @@ def rebuild_index_cmd(
             source_file()
         except E5Unavailable as exc:
             raise _fail(str(exc)) from None
-    from engram_memory.store.postgres.url import check_store_options
+    from engram_memory.store.opening import check_store_options
 
     try:
         check_store_options(store, master_key_file)

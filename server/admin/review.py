@@ -132,10 +132,10 @@ def _listing(scope: str, data_dir: Path | None, store: str | None, key_file: Pat
     scope_ref = _scope_ref(scope)
     assert scope_ref is not None
     _pg_scope(pg, scope_ref)
-    from engram_memory.store.postgres.inspect import PostgresInspector
+    from engram_memory.store.opening import shared
 
     with _pg_outcomes():
-        inspector = PostgresInspector(pg.url, pg.key, pg.key_file)
+        inspector = shared(pg.url).inspector(pg.url, pg.key, pg.key_file)
         try:
             return read(inspector, scope_ref)
         finally:

@@ -110,9 +110,9 @@ def init_store_cmd(
 
     try:
         with new_key_file(master_key_out) as key:
-            from engram_memory.store.postgres.backend import init_store
+            from engram_memory.store.opening import shared
 
-            store_id = init_store(url, key)
+            store_id = shared(url).init_store(url, key)
     except FileExistsError:
         raise _fail(f"{master_key_out} already exists; a master key is never overwritten") from None
     except OSError as exc:
@@ -156,18 +156,19 @@ def migrate_cmd(
     _closed_store(from_)
     from rich.progress import Progress
 
-    from engram_memory.store.backend import StoreBusyError, StoreRefused, is_store_error
+    from engram_memory.store.backend import MigrateUsageError, StoreBusyError, StoreRefused, is_store_error
     from engram_memory.store.core.keyfile import new_key_file
     from engram_memory.store.core.refusals import STORE_BUSY
-    from engram_memory.store.postgres.migrate import MigrateUsageError, counts, migrate_store
+    from engram_memory.store.opening import shared
 
+    target = shared(url)
     try:
-        total = sum(counts(from_).values())
+        total = sum(target.migrate_counts(from_).values())
         console = Console(stderr=True)  # stdout carries the report; a pipe gets no bar (not even a blank line)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as progress, \
                 new_key_file(master_key_out) as key:
             task = progress.add_task("copying rows", total=total)
-            report = migrate_store(from_, url, key, lambda _table, rows: progress.advance(task, rows))
+            report = target.migrate_store(from_, url, key, lambda _table, rows: progress.advance(task, rows))
     except FileExistsError:
         raise _fail(f"--master-key-out {master_key_out} already exists; a master key is never overwritten") from None
     except StoreBusyError:

@@ -53,16 +53,3 @@ def redact_url(text: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "<unparseable store URL withheld>"
-
-
-def check_store_options(url: str | None, master_key_file: object) -> None:
-    """Transitional, for server/ until it imports store/opening.py's ``check_store_options`` (the
-    lead removes this then): the same two rules, each kept in its one place (the pair's:
-    models/settings.py; the URL's: ``check_store_url`` above)."""
-    from engram_memory.models.settings import store_pair_problem
-
-    problem = store_pair_problem(url, master_key_file)
-    if problem:
-        raise ValueError(problem)
-    if url is not None:
-        check_store_url(url)
