@@ -219,7 +219,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/secembed-cache"))
     parser.add_argument("--threads", type=int, default=2, help="encoding threads (timing uses one)")
     parser.add_argument("--timing", type=int, default=200, help="sentences timed one at a time (0: skip)")
-    parser.add_argument("--skip-hashed", action="store_true", help="reuse the hashed rows already in --out")
+    parser.add_argument("--skip-hashed", action="store_true", help="leave out the hashed-only rows")
+    parser.add_argument("--skip-vector", action="store_true", help="leave out the vector-alone rows")
+    parser.add_argument("--timing-only", action="store_true", help="only the cost line")
     args = parser.parse_args()
 
     from engram_memory.checks.secrets_train import prose_sample
@@ -231,6 +233,11 @@ def main() -> None:
     out.setdefault("results", {})
 
     rows = load_rows()
+    if args.timing_only:
+        sentences = [r["text"] for r in rows if r["set"] == "heldout7"][: args.timing]
+        out["timing"] = timing(models, sentences, 1)
+        args.out.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     prose, _ = prose_sample(args.data)
     say(f"{len(rows)} labelled rows, {len(prose)} prose windows")
     study = Study(rows, prose)
@@ -255,7 +262,8 @@ def main() -> None:
         vecs = encode_cached(model, strings, args.cache, args.threads)
         vt = vecs[[index[t] for t in study.texts]]
         vw = vecs[[index[t] for t in study.win_texts]]
-        configs = [("vector", False, args.vector_scale)] + [(f"hashed+vector@{s:g}", True, s) for s in scales]
+        configs = [] if args.skip_vector else [("vector", False, args.vector_scale)]
+        configs += [(f"hashed+vector@{s:g}", True, s) for s in scales]
         for label, hashed, scale in configs:
             x_text, x_win = study.design(vt, vw, hashed, scale)
             for held in rounds:
