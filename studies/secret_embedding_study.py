@@ -221,6 +221,8 @@ def main() -> None:
     parser.add_argument("--timing", type=int, default=200, help="sentences timed one at a time (0: skip)")
     parser.add_argument("--skip-hashed", action="store_true", help="leave out the hashed-only rows")
     parser.add_argument("--skip-vector", action="store_true", help="leave out the vector-alone rows")
+    parser.add_argument("--reproduce", action="store_true",
+                        help="check: train-secrets' own pool, nothing held out; the threshold must equal its card's")
     parser.add_argument("--timing-only", action="store_true", help="only the cost line")
     args = parser.parse_args()
 
@@ -232,6 +234,19 @@ def main() -> None:
     out: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     out.setdefault("results", {})
 
+    if args.reproduce:
+        from engram_memory.checks.secrets_train import labelled_examples
+        from engram_memory.store.screen.secret_model import ARTEFACT
+
+        study = Study(labelled_examples(), prose_sample(args.data)[0])
+        x_text, x_win = study.design(None, None, True, 0.0)
+        card = json.loads((ARTEFACT / "card.json").read_text(encoding="utf-8"))
+        res = study.run("(none)", x_text, x_win)
+        out["reproduce"] = {"threshold": res["threshold"], "seconds": res["seconds"],
+                            "card_cross_validated": card["threshold_rule"]["cross_validated"]}
+        say(f"reproduce: {out['reproduce']}")
+        args.out.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     rows = load_rows()
     if args.timing_only:
         sentences = [r["text"] for r in rows if r["set"] == "heldout7"][: args.timing]
