@@ -221,6 +221,8 @@ def main() -> None:
     parser.add_argument("--timing", type=int, default=200, help="sentences timed one at a time (0: skip)")
     parser.add_argument("--skip-hashed", action="store_true", help="leave out the hashed-only rows")
     parser.add_argument("--skip-vector", action="store_true", help="leave out the vector-alone rows")
+    parser.add_argument("--prose-every", type=int, default=1,
+                        help="keep every Nth prose window of train-secrets' sample (a smaller pool, for time)")
     parser.add_argument("--reproduce", action="store_true",
                         help="check: train-secrets' own pool, nothing held out; the threshold must equal its card's")
     parser.add_argument("--timing-only", action="store_true", help="only the cost line")
@@ -253,7 +255,8 @@ def main() -> None:
         out["timing"] = timing(models, sentences, 1)
         args.out.write_text(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
         return
-    prose, _ = prose_sample(args.data)
+    prose = prose_sample(args.data)[0][:: args.prose_every]
+    out["prose_every"] = args.prose_every
     say(f"{len(rows)} labelled rows, {len(prose)} prose windows")
     study = Study(rows, prose)
     out["pool"] = {"labelled": {s: int((study.sets == s).sum()) for s in sorted(set(study.sets.tolist()))},
