@@ -208,6 +208,33 @@ def timing(models: list[str], sentences: list[str], threads: int) -> dict[str, A
     return out
 
 
+def _row(label: str, block: dict[str, Any], threshold: str, langs: list[str]) -> str:
+    per = [f"{block['by_lang'][g]['recall']:.2f}" for g in langs]
+    return f"| {label} | {threshold} | {block['recall']:.3f} | {block['fpr']:.3f} | " + " | ".join(per) + " |"
+
+
+def render(out: dict[str, Any]) -> str:
+    """The markdown tables of a result file: per held-out round, recall / FPR overall and per language."""
+    lines: list[str] = []
+    results = out.get("results", {})
+    for held in ROUNDS:
+        names = [n for n in results if held in results[n]]
+        if not names:
+            continue
+        first = results[names[0]][held]
+        langs = sorted(first["rules"]["by_lang"])
+        lines += [f"#### {held} ({first['rules']['secrets']} secrets, {first['rules']['benign']} benign)", "",
+                  "| screen | threshold | recall | FPR | " + " | ".join(langs) + " |",
+                  "|---|---|---|---|" + "---|" * len(langs)]
+
+        lines.append(_row("rules alone", first["rules"], "-", langs))
+        for name in names:
+            res = results[name][held]
+            lines.append(_row(f"rules OR {name}", res["rules_or_classifier"], f"{res['threshold']:.4f}", langs))
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("/work/shared/data"))
@@ -226,7 +253,11 @@ def main() -> None:
     parser.add_argument("--reproduce", action="store_true",
                         help="check: train-secrets' own pool, nothing held out; the threshold must equal its card's")
     parser.add_argument("--timing-only", action="store_true", help="only the cost line")
+    parser.add_argument("--render", action="store_true", help="print the markdown tables of --out and stop")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.out.read_text(encoding="utf-8"))))
+        return
 
     from engram_memory.checks.secrets_train import prose_sample
 
