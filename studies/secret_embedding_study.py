@@ -209,7 +209,7 @@ def timing(models: list[str], sentences: list[str], threads: int) -> dict[str, A
 
 
 def _row(label: str, block: dict[str, Any], threshold: str, langs: list[str]) -> str:
-    per = [f"{block['by_lang'][g]['recall']:.2f}" for g in langs]
+    per = [f"{block['by_lang'][g]['recall']:.2f} / {block['by_lang'][g]['fpr']:.2f}" for g in langs]
     return f"| {label} | {threshold} | {block['recall']:.3f} | {block['fpr']:.3f} | " + " | ".join(per) + " |"
 
 
@@ -224,7 +224,7 @@ def render(out: dict[str, Any]) -> str:
         first = results[names[0]][held]
         langs = sorted(first["rules"]["by_lang"])
         lines += [f"#### {held} ({first['rules']['secrets']} secrets, {first['rules']['benign']} benign)", "",
-                  "| screen | threshold | recall | FPR | " + " | ".join(langs) + " |",
+                  "| screen | threshold | recall | FPR | " + " | ".join(f"{g} R / FPR" for g in langs) + " |",
                   "|---|---|---|---|" + "---|" * len(langs)]
 
         lines.append(_row("rules alone", first["rules"], "-", langs))
