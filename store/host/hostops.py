@@ -1,9 +1,9 @@
 """Host lifecycle operations: dispute, resolve, supersede, revoke trust, rewind (never agent tools).
 
 The reference engine's host-side transitions (REFERENCE_CONTRACT §7.2), run by an operator
-through ``engram-memory admin dispute|resolve|supersede|revoke-trust|rewind`` (server/
-admin_lifecycle.py) on an OPEN engine: the data dir's own (opened by the command, or in process
-by the server that owns the dir: server/admin_socket.py), or an admin node of a PostgreSQL store
+through ``engram-memory admin dispute|resolve|supersede|revoke-trust|rewind``
+(server/admin/lifecycle.py) on an OPEN engine: the data dir's own (opened by the command, or in
+process by the server that owns the dir: server/admin/socket_routes.py), or an admin node of a shared store
 (store/core/admin_node.py), whose serving nodes follow from the journal (Engine._sync).
 
 Each operation is one journal event in one transaction, under the engine's write lock, hash-chained
@@ -134,7 +134,7 @@ def rewind_with(engine: Any, record_id: str, to_cursor: int, reason: str, now: i
 
 
 def apply_operation(engine: Any, request: dict[str, Any], now: int) -> dict[str, Any]:
-    """One operation request (the owner's local route, server/admin_socket.py, and the CLI): its
+    """One operation request (the owner's local route, server/admin/socket_routes.py, and the CLI): its
     ``operation`` names the call, the other fields its arguments (strings; ``current`` a boolean,
     ``to_cursor`` an integer). Raises AdminUsageError for a malformed request."""
     def text(name: str) -> str:

@@ -24,7 +24,7 @@ make a forget reach older backups too, destroy their ``.key`` files (32 bytes ea
 Consistency while a server runs: DuckDB lets one process open the file (a second process cannot
 even attach it read-only), so the owning process makes the copy, under its engine's write lock
 (no lifecycle write or projection update in between; reads wait a moment), and streams the tar
-over its owner-only socket (server/admin_socket.py). With no server, the command opens the store
+over its owner-only socket (server/admin/socket_routes.py). With no server, the command opens the store
 itself and does the same.
 """
 
