@@ -65,14 +65,20 @@ def _overwrite_in_place(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_owner_only(path: Path, data: bytes, *, exclusive: bool) -> None:
+    """``data`` (a key: a few bytes) in a file only its owner reads, on disk before this returns;
+    ``exclusive``: FileExistsError rather than replace a file already there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC), 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write_owner_only(tmp, data, exclusive=False)
     os.replace(tmp, path)
 
 

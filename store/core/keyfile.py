@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engram_memory.store.core.crypto import write_owner_only
 from engram_memory.store.opening import MASTER_KEY_BYTES
 
 
@@ -21,12 +22,7 @@ def new_key_file(path: Path) -> Iterator[bytes]:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # e.g. ~/.config/engram-memory on a new machine
     key = secrets.token_bytes(MASTER_KEY_BYTES)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_owner_only(tmp, key, exclusive=True)
     try:
         yield key
         os.link(tmp, path)  # fails if the path appeared meanwhile: never overwrites

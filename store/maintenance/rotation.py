@@ -38,16 +38,11 @@ def rotate_postgres(url: str, old_key_file: Path, old_key: bytes, out: Path) -> 
     failed write would leave the store under a key nobody has. If the rotation does not commit the
     file is shredded, so a refusal leaves no file; only a crash in between can leave one, holding
     a key the store does not know (harmless: every command refuses it). Raises FileExistsError."""
-    from engram_memory.store.core.crypto import shred
+    from engram_memory.store.core.crypto import shred, write_owner_only
     from engram_memory.store.opening import MASTER_KEY_BYTES, shared
 
     new_key = secrets.token_bytes(MASTER_KEY_BYTES)
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, new_key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_owner_only(out, new_key, exclusive=True)
     fsync_dir(out.absolute().parent)
     try:
         return shared(url).rotate_master_key(url, old_key, old_key_file, new_key)
