@@ -16,7 +16,7 @@ from typing import Any
 
 SCHEMA = Path(__file__).resolve().parent / "onnx-ml.descriptor.pb"
 # TensorProto.DataType and AttributeProto.AttributeType values the graph builder uses.
-FLOAT, INT64 = 1, 7
+FLOAT, INT8, INT64, FLOAT16 = 1, 3, 7, 10  # TensorProto.DataType
 EXTERNAL = 1  # TensorProto.DataLocation: the tensor's bytes are in another file (external_data)
 ATTR_FLOAT, ATTR_INT, ATTR_INTS = 1, 2, 7
 

@@ -224,3 +224,25 @@ def test_a_store_created_with_e5_is_served_with_e5_and_refuses_another_model(tmp
         assert json.loads(engine.db.embedding_model() or "{}")["model"] == "all-MiniLM-L6-v2"
     finally:
         engine.close()
+
+
+def test_the_word_table_in_4bit_blocks_gives_the_same_bits(tmp_path: Path, e5) -> None:
+    """e5's 250k-row word table is kept in the graph as int8 values and fp16 scales (a quarter of the
+    float32 bytes on disk and in the pages a search touches); the vectors equal, bit for bit, those of
+    a graph that holds the float32 table."""
+    from engram_memory.retrieval.onnx_graph import DATA_FILE, build
+    from engram_memory.retrieval.onnx_runtime import OnnxEncoder, Pipeline, ensure_onnx
+
+    path = model_directory(MODEL_NAME)
+    compact = ensure_onnx(path, e5.model_digest)
+    plain = tmp_path / "model.onnx"
+    built = build(path, compact_words=False)
+    (tmp_path / DATA_FILE).write_bytes(b"".join(built.data))
+    plain.write_bytes(built.model)
+    del built
+    assert (compact.parent / DATA_FILE).stat().st_size < (tmp_path / DATA_FILE).stat().st_size * 0.45
+    pipeline = Pipeline.read(path)
+    texts = [PROMPTS["query"] + t for t in TEXTS] + [PROMPTS["document"] + t for t in TEXTS]
+    ours = OnnxEncoder(path, compact, pipeline, 1).encode(texts, 4)
+    theirs = OnnxEncoder(path, plain, pipeline, 1).encode(texts, 4)
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))

@@ -182,3 +182,38 @@ def test_the_graph_is_valid_onnx_written_with_onnx_s_own_schema(tmp_path: Path) 
     assert sum(t.ByteSize() for t in loaded.graph.initializer) > 90_000_000
     assert [i.name for i in loaded.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert loaded.opset_import[0].version == 17
+
+
+def _q4_table(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """A table as ggml's Q4_0 dequantises one: per 32 values an fp16 scale (either sign, some zero)
+    times integers in [-8, 7], the block's largest magnitude at -8."""
+    q = rng.integers(-8, 8, size=(rows, cols // 32, 32)).astype(np.float32)
+    q[..., 0] = -8
+    d = rng.normal(0, 0.02, size=(rows, cols // 32)).astype(np.float16).astype(np.float32)
+    d[0, :2] = 0.0  # blocks of zeros, one of them with negative zeros
+    table = q * d[..., None]
+    return table.reshape(rows, cols)
+
+
+def test_a_4bit_word_table_is_kept_as_4bit_blocks_exactly_or_not_at_all() -> None:
+    """block_int4 gives back int8 values and fp16 scales whose float32 products are the table bit for
+    bit (zeros' signs included), and declines anything else: a value one ulp off, real fp32 weights."""
+    from safetensors.numpy import load_file
+
+    from engram_memory.retrieval.onnx_graph import block_int4
+
+    rng = np.random.default_rng(34)
+    table = _q4_table(rng, 300, 64)
+    assert np.signbit(table[0, :64]).any() and not table[0, :64].any()
+    compact = block_int4(table)
+    assert compact is not None
+    q, d = compact
+    assert q.dtype == np.int8 and d.dtype == np.float16 and q.min() >= -8 and q.max() <= 7
+    back = (q.reshape(300, 2, 32).astype(np.float32) * d.astype(np.float32)[..., None]).reshape(300, 64)
+    assert np.array_equal(back.view(np.uint32), table.view(np.uint32))
+    off = table.copy()
+    off[299, 5] = np.nextafter(off[299, 5], np.float32(1))
+    assert block_int4(off) is None
+    model = packaged_model_path()
+    assert model is not None
+    assert block_int4(load_file(str(model / "model.safetensors"))["embeddings.word_embeddings.weight"]) is None
