@@ -324,3 +324,22 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     """Each store backend in turn, fresh for one test (issue 22: the same contract on both)."""
     with store_backend(request.param, request, tmp_path_factory.mktemp("store-key")) as chosen:
         yield chosen
+
+
+# -- where the suite's time goes, per file (CI prints it; with xdist the controller sums the workers') --
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest test files (setup + call + teardown; {total:.0f} s in all)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {100 * seconds / total:4.1f}%  {path}")
