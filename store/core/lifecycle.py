@@ -690,19 +690,8 @@ class Lifecycle:
             to_state = next_state(Operation.WITHDRAW, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
             at = to_instant(now)
             auth = authorization_receipt(ctx, "withdraw", {"candidate_id": cid})
-            event = uow.append_event(
-                ctx.scope_ref,
-                {
-                    "event_id": "withdraw:" + cid,
-                    "recorded_at": at,
-                    "operation": Operation.WITHDRAW.value,
-                    "candidate_id": cid,
-                    "from_state": state,
-                    "to_state": to_state,
-                    "authorization_receipt_digest": auth,
-                    "reason_ref": args["reason_ref"],
-                },
-            )
+            event = uow.append_event(ctx.scope_ref, _transition_event(
+                Operation.WITHDRAW, "candidate_id", cid, state, to_state, auth, args["reason_ref"], at))
             uow.close_candidate(cid, CANDIDATE_ROW_STATE[Operation.WITHDRAW].value)
             receipt = self._lifecycle_receipt(event, Operation.WITHDRAW.value, state, to_state, auth, at)
             # Written as "pending" in the same transaction; upgraded once the key is gone, so a
@@ -746,20 +735,9 @@ class Lifecycle:
             to_state = next_state(Operation.TOMBSTONE, state).value  # ALREADY_TERMINAL / ILLEGAL_TRANSITION
             at = to_instant(now)
             auth = authorization_receipt(ctx, "tombstone", {"record_id": rid})
-            event = uow.append_event(
-                ctx.scope_ref,
-                {
-                    "event_id": "tombstone:" + rid,
-                    "recorded_at": at,
-                    "operation": Operation.TOMBSTONE.value,
-                    "record_id": rid,
-                    "from_state": state,
-                    "to_state": to_state,
-                    "authorization_receipt_digest": auth,
-                    "reason_ref": args["reason_ref"],
-                },
-                advance_projection=True,
-            )
+            event = uow.append_event(ctx.scope_ref, _transition_event(
+                Operation.TOMBSTONE, "record_id", rid, state, to_state, auth, args["reason_ref"], at),
+                advance_projection=True)
             cursor = int(event["cursor"])
             uow.tombstone_record(rid, to_state)
             uow.delete_embeddings(rid)
@@ -869,3 +847,18 @@ class Lifecycle:
         if dek is None:
             return None
         return json.loads(open_sealed(dek, body, record_context(record_id)))
+
+
+def _transition_event(operation: Operation, subject_field: str, subject: str, from_state: str,
+                      to_state: str, auth: str, reason_ref: str, at: str) -> dict[str, Any]:
+    """The journal event of a withdraw (``candidate_id``) or a forget (``record_id``)."""
+    return {
+        "event_id": f"{operation.value}:{subject}",
+        "recorded_at": at,
+        "operation": operation.value,
+        subject_field: subject,
+        "from_state": from_state,
+        "to_state": to_state,
+        "authorization_receipt_digest": auth,
+        "reason_ref": reason_ref,
+    }
