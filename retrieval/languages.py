@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
-import numpy as np
 import tantivy
 
 LANGID = f"py3langid-{version('py3langid')}"
@@ -200,14 +199,9 @@ def _classifier() -> Any:
     global _identifier
     with _identifier_lock:
         if _identifier is None:
-            from py3langid.langid import MODEL_FILE, LanguageIdentifier
+            from engram_memory.retrieval.langid_tables import identifier
 
-            model = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=False)
-            model.set_languages(list(IDENTIFIED))
-            # the restricted table is a strided float16 view: one contiguous float32 copy (16 MB)
-            # makes the classifier's lookup several times faster
-            model.nb_ptc = np.ascontiguousarray(model.nb_ptc, dtype=np.float32)
-            _identifier = model
+            _identifier = identifier(version("py3langid"), IDENTIFIED)
         return _identifier
 
 
