@@ -13,12 +13,15 @@ from engram_memory.server.dispatch import Dispatcher
 from engram_memory.server.gate import ConfirmationGate, confirmation_gate
 from engram_memory.server.ratelimit import RateLimiter
 from engram_memory.store.core.engine import Engine
+from engram_memory.store.screen import lazy as screen
 
 
 def open_engine(cfg: ServeConfig) -> Engine:
     """Open the store; raises StoreBusyError when another process holds the data dir."""
     Path(cfg.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    return Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
+    engine = Engine.open(cfg.engine_settings())  # the engine sees its own options, not the serve context
+    screen.warm()
+    return engine
 
 
 def launch_dispatcher(cfg: ServeConfig, engine: Engine | None, gate: ConfirmationGate | None = None) -> Dispatcher:

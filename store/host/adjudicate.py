@@ -13,7 +13,7 @@ from typing import Any
 
 from engram_memory.models.settings import EngineSettings
 from engram_memory.store.core.refusals import NOT_ADJUDICABLE, AdminRefusal, AdminUsageError
-from engram_memory.store.screen.secrets import find_secret
+from engram_memory.store.screen import lazy
 
 MAX_REASON = 500  # characters: a reason is a sentence or two, kept in the journal for good
 
@@ -25,7 +25,7 @@ def check_reason(reason: str) -> str:
         raise AdminUsageError("--reason must say why (it is journalled)")
     if len(reason) > MAX_REASON:
         raise AdminUsageError(f"--reason is {len(reason)} characters; at most {MAX_REASON}")
-    kind = find_secret(reason)
+    kind = lazy.secrets().find_secret(reason)
     if kind is not None:
         # The kind, never the value: this line may end up in a terminal log.
         raise AdminUsageError(f"--reason looks like it carries a secret ({kind}); the journal keeps it forever")

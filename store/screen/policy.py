@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from itertools import chain
 from typing import Any, Literal
 
-from engram_memory.store.screen.secrets import find_secret, strings_of
+from engram_memory.store.screen import lazy
 
 __all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_secret", "secret_kind"]
 
@@ -36,12 +36,14 @@ Decision = Literal["accept", "reject", "adjudication_required"]
 
 def contains_secret(texts: Iterable[str]) -> bool:
     """True when any of ``texts`` carries secret-like content."""
+    find_secret = lazy.secrets().find_secret
     return any(find_secret(text) for text in texts)
 
 
 def _texts(payload: dict[str, Any], evidence: dict[str, Any]) -> Iterator[str]:
     """Every string the candidate carries: what the policy screens (``contains_secret(_texts(...))``
     is its verdict)."""
+    strings_of = lazy.secrets().strings_of
     return chain(strings_of(payload), strings_of(evidence))
 
 
@@ -73,6 +75,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 def _screen(text: str) -> str | None:
     if len(text) == 71 and _DIGEST.fullmatch(text):
         return None
+    find_secret = lazy.secrets().find_secret
     cache = _batch_cache.get()
     if cache is None or len(text) > SCREEN_CACHED_CHARS:
         return find_secret(text)
