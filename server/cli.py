@@ -240,18 +240,26 @@ app.add_typer(host_app)
 app.add_typer(admin_app)
 # Other parts of the distribution (the evaluation harness, the checks) plug their commands in
 # through the "engram_memory.commands" entry point group. Loading one imports its whole stack
-# (ranx, the BEIR readers, PostgreSQL's driver): 13 MiB a serving process would hold for nothing,
-# so a process started as `engram-memory serve` never loads them.
-SERVING_COMMANDS = frozenset({"serve", "daemon"})
+# (ranx, the BEIR readers, numpy, PostgreSQL's driver): a process loads only the plug-in it runs,
+# none for a built-in command (a server would hold 13 MiB for nothing, an admin command would start
+# ~0.25 s later), and all of them only to list them (help, no command, a mistyped one).
+BUILT_IN = frozenset({c.name for c in app.registered_commands}
+                     | {g.typer_instance.info.name for g in app.registered_groups if g.typer_instance})
 
 
 def _invoked_command(argv: list[str]) -> str | None:
     return next((arg for arg in argv[1:] if not arg.startswith("-")), None)
 
 
-if _invoked_command(sys.argv) not in SERVING_COMMANDS:
-    for _command in sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name):
-        app.command(_command.name)(_command.load())
+def _plug_in(invoked: str | None) -> None:
+    if invoked in BUILT_IN:
+        return
+    plugins = sorted(entry_points(group="engram_memory.commands"), key=lambda ep: ep.name)
+    for command in [ep for ep in plugins if ep.name == invoked] or plugins:
+        app.command(command.name)(command.load())
+
+
+_plug_in(_invoked_command(sys.argv))
 
 
 def main() -> None:

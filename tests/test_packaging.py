@@ -153,16 +153,21 @@ def test_the_cli_lists_eval_through_the_entry_point() -> None:
 
 
 def test_a_serving_process_never_loads_the_plugged_in_commands() -> None:
-    """`serve` holds no evaluation stack or PostgreSQL driver for a DuckDB store (13 MiB); any
-    other invocation lists and runs the plugged-in commands."""
+    """`serve` holds no evaluation stack or PostgreSQL driver for a DuckDB store (13 MiB), nor does
+    any other built-in command; a plugged-in command loads itself only, and help (or a mistyped
+    command) lists them all."""
     import subprocess
     import sys
 
+    modules = ('engram_memory.eval.cli', 'engram_memory.checks.fuzz', 'psycopg', 'ranx', 'numpy')
     probe = ("import sys; sys.argv = ['engram-memory', *sys.argv[1:]]; import engram_memory.server.cli; "
-             "print(sorted(m for m in ('engram_memory.eval.cli', 'psycopg', 'ranx') if m in sys.modules))")
+             f"print(sorted(m for m in {modules!r} if m in sys.modules))")
     # psycopg (the `postgres` extra) is imported only by a command given a PostgreSQL store
-    for argv, loaded in ((["serve", "--help"], "[]"), (["--help"], "['engram_memory.eval.cli']"),
-                         (["bench", "--help"], "['engram_memory.eval.cli']")):
+    every = "['engram_memory.checks.fuzz', 'engram_memory.eval.cli', 'numpy']"
+    for argv, loaded in ((["serve", "--help"], "[]"), (["admin", "verify", "--help"], "[]"),
+                         (["host", "--help"], "[]"), (["--help"], every), (["evl"], every),
+                         (["bench", "--help"], "['engram_memory.eval.cli']"),
+                         (["fuzz", "--help"], "['engram_memory.checks.fuzz']")):
         done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == loaded, argv
