@@ -16,14 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from array import array
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engram_memory.retrieval._files import atomic_write, write_json
 from engram_memory.retrieval.onnx_runtime import cache_root, locked
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def _from_package(languages: Sequence[str]) -> dict[str, np.ndarray]:
 
     path = Path(MODEL_FILE) if Path(MODEL_FILE).is_absolute() else MODEL_DIR / MODEL_FILE
     ptc, pc, classes, nextmove, row, out = load_model(path)
-    keep = [i for i, c in enumerate(classes) if c in set(languages)]
+    wanted = set(languages)
+    keep = [i for i, c in enumerate(classes) if c in wanted]
     return {
         # the restricted table is a strided float16 view: one contiguous float32 copy makes the
         # classifier's lookup several times faster
@@ -77,17 +79,9 @@ def _read(folder: Path, version: str, languages: Sequence[str]) -> dict[str, np.
 
 def _write(folder: Path, version: str, languages: Sequence[str], tables: dict[str, np.ndarray]) -> None:
     for name, table in tables.items():
-        tmp = folder / f".{name}.npy.tmp"
-        with tmp.open("wb") as fh:
-            np.save(fh, table, allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, folder / f"{name}.npy")
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"py3langid": version, "languages": list(languages),
-                               "tables": {name: _fingerprint(table) for name, table in tables.items()}}),
-                   encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
+        atomic_write(folder / f"{name}.npy", partial(np.save, arr=table, allow_pickle=False))
+    write_json(folder / MANIFEST, {"py3langid": version, "languages": list(languages),
+                                   "tables": {name: _fingerprint(table) for name, table in tables.items()}})
 
 
 def tables(version: str, languages: Sequence[str], root: Path | None = None) -> dict[str, np.ndarray]:
