@@ -3,8 +3,9 @@
 Normalisation happens before serialisation: strings to NFC (lone surrogates refused),
 non-finite numbers and -0 refused, integral numbers must be safe integers, object keys
 NFC-normalised with collisions refused. Serialisation (UTF-16 key order, ECMAScript
-number formatting) is delegated to the maintained ``rfc8785`` library, except where the
-standard library's C encoder provably writes the same bytes (see ``canonical_bytes``).
+number formatting) is delegated to the maintained ``rfc8785`` library, except where orjson (or,
+past its nesting limit, the standard library's C encoder) provably writes the same bytes (see
+``canonical_bytes``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import secrets
 import unicodedata
 from typing import Any
 
+import orjson
 import rfc8785
 
 SAFE_INTEGER_MAX = 2**53 - 1
@@ -117,7 +119,7 @@ def _ascii_strings(values: list[Any] | tuple[Any, ...]) -> bool:
         return False
 
 
-# A per-process random mark standing in for a float while the C encoder runs; JSON-escaped
+# A per-process random mark standing in for a float while orjson (or json) runs; JSON-escaped
 # it reads "\u0000f<hex>:<n>". A string that happens to equal a mark changes the count and
 # sends the value down the rfc8785 path, so the output is exact either way.
 _MARK = "\x00f" + secrets.token_hex(8) + ":"
@@ -128,17 +130,25 @@ def canonical_bytes(value: Any) -> bytes:
     """JCS bytes of the normalised value.
 
     For a value with ASCII keys -- every digest input the engine builds -- JCS is exactly
-    ``json.dumps(sort_keys, compact, ensure_ascii=False)`` with each non-integral number
-    written the ECMAScript way: code point order equals UTF-16 order on ASCII keys, safe
-    integers print alike, and both escape only ``"``, ``\\`` and U+0000-U+001F with the same
-    short forms and lowercase ``\\u00xx``. Floats go through rfc8785 one by one (ECMAScript
-    formatting is its job); the rest runs in the C encoder, ~10x faster than rfc8785's
-    pure-Python walk. Anything else is rfc8785's. tests/test_canonical.py checks both agree.
+    ``orjson.dumps(OPT_SORT_KEYS)`` -- the same bytes as ``json.dumps(sort_keys, compact,
+    ensure_ascii=False)`` -- with each non-integral number written the ECMAScript way: code
+    point order equals UTF-16 order on ASCII keys, safe integers print alike, and all three
+    escape only ``"``, ``\\`` and U+0000-U+001F with the same short forms and lowercase
+    ``\\u00xx``. Floats go through rfc8785 one by one (ECMAScript formatting is its job); the
+    rest runs in orjson, ~20x faster than the standard library's C encoder (an import writes ~25
+    canonical values an item), which takes over past orjson's nesting limit (255 levels).
+    Anything else is rfc8785's. tests/test_canonical.py checks they agree.
     """
+    ascii_only = _ascii_only(value)
+    if ascii_only is not None:
+        return ascii_only
     walk = _Walk([])
     normalized = _normalize(value, walk)
     if not walk.slow:
-        text = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        try:
+            text = orjson.dumps(normalized, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # nested deeper than orjson goes
+            text = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         floats = walk.floats or []
         if not floats:
             return text
@@ -149,6 +159,36 @@ def canonical_bytes(value: Any) -> bytes:
         return rfc8785.dumps(normalize(value))
     except rfc8785.CanonicalizationError as exc:
         raise CanonicalizationError("not canonicalisable") from exc
+
+
+# Types orjson would write its own way (a subclass of str/int/dict/list, a datetime, a dataclass)
+# are refused instead, so they take the normalising path below.
+_STRICT = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME \
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+# Outside the strings, what normalisation must see: a float (a digit then "." or an exponent), an
+# integer of 16+ digits (maybe past 2**53 - 1), or a null (orjson writes NaN and infinities so).
+_NUMBER_RULES = re.compile(rb"[0-9][.eE]|[0-9]{16}|null")
+
+
+def _ascii_only(value: Any) -> bytes | None:
+    """JCS bytes of a value of ASCII text, safe integers and bools -- nearly every value the
+    engine digests -- without the Python walk of ``_normalize`` (~70% of canonicalisation's time in
+    an import): orjson writes it in C, and its output being ASCII proves every string and key is
+    ASCII (so NFC, no surrogate, no collision after NFC, UTF-16 order = code point order) and has
+    no escape (a control character or a quote in a string goes the general way); the
+    numbers between the strings show that none needs normalising (nor is there a null: orjson
+    writes NaN so). None: take the general path.
+    (orjson writes an Enum or a UUID as its value where normalisation refuses them: the engine's
+    values are JSON-decoded or its own dicts of str and int, never those.)"""
+    try:
+        out = orjson.dumps(value, option=_STRICT)
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+    # Without a backslash no string holds an escaped quote: every other piece between quotes is
+    # what lies outside the strings (a regular expression over the strings costs 10x more).
+    if not out.isascii() or b"\\" in out or _NUMBER_RULES.search(b"".join(out.split(b'"')[::2])):
+        return None
+    return out
 
 
 def canonical_text(value: Any) -> str:

@@ -233,7 +233,7 @@ def test_integral_floats_become_ints() -> None:
     assert type(converted["d"]) is float  # unsafe: left for canonicalisation to refuse
 
 
-# -- the stdlib fast path writes exactly rfc8785's bytes ------------------------------------
+# -- the fast path (orjson; json past its nesting limit) writes exactly rfc8785's bytes ------------------------------------
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 _keys = st.one_of(st.text(st.characters(max_codepoint=127), max_size=6), _text)
@@ -265,6 +265,16 @@ def test_fast_path_edge_strings() -> None:
     for value in [{"a": "\x00\x1f\x7f\u2028\"\\\b\f\n\r\t/"}, {"z": 1, "a": [True, None, -5]}, {"é": 1, "e": 2},
                   {"\ufb01": 1, "\U0001f600": 2}, {"k": 2**53 - 1}, {"k": 1.5}, ["\U0010ffff"]]:
         assert canonical_bytes(value) == rfc8785.dumps(value)
+
+
+def test_fast_path_past_orjson_nesting_limit() -> None:
+    """orjson refuses values nested 255 levels deep; the standard library's encoder takes over."""
+    import rfc8785
+
+    deep: object = {"leaf": [1.5, "x"]}
+    for level in range(300):
+        deep = [deep] if level % 2 else {"k": deep, "a": level}
+    assert canonical_bytes(deep) == rfc8785.dumps(deep)
 
 
 def test_fast_path_float_marks_cannot_be_forged() -> None:

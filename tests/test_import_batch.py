@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engram_memory.eval.bench_import import graph_lines
 from engram_memory.store.core.crypto import key_files
 from engram_memory.store.core.engine import Engine
@@ -77,21 +79,33 @@ def _state(engine: Engine) -> dict[str, list[Any]]:
     }
 
 
+@pytest.mark.parametrize("worker", [False, True], ids=["screened-here", "screened-on-a-worker"])
 def test_a_batched_import_writes_exactly_what_one_item_at_a_time_writes(
-        backend: Backend, other: Backend, tmp_path: Path, monkeypatch: Any) -> None:  # noqa: F811
+        backend: Backend, other: Backend, tmp_path: Path, monkeypatch: Any, worker: bool) -> None:  # noqa: F811
     items = _items(tmp_path)
     monkeypatch.setattr(transfer, "BATCH", 7)  # several batches, repeats across and within them
+    screened_here: list[str] = []
+    if worker:  # every batch's texts go to the second process first (store/screen/parallel.py)
+        from engram_memory.store.screen import lazy, parallel
+
+        monkeypatch.setattr(parallel, "PARALLEL_FROM", 1)
+        find_secret = lazy.secrets().find_secret
+        monkeypatch.setattr(lazy.secrets(), "find_secret",
+                            lambda text: screened_here.append(text) or find_secret(text))
     batched, single = engine_on(backend, tmp_path / "a"), engine_on(other, tmp_path / "b")
     try:
         for engine in (batched, single):
             _forget_held(engine)
         report = transfer.import_items(batched, SCOPE_REF, "test", items)
+        screened_by_batches = list(screened_here)  # texts the worker was not sent (field names...)
         expected = _one_by_one(single, items)
         assert report.counts() == expected.counts()
         assert report.counts() == {"items": len(items), "imported": 31, "already_present": 6, "rejected": 1,
                                    "pending_adjudication": 1, "invalid": 1}, report.counts()
         assert sorted(report.record_ids) == sorted(expected.record_ids)
         assert len(report.rejected) == 1 and report.rejected[0]["reason"].startswith("secret:"), report.rejected
+        if worker:  # the worker found the secret: the batched import never screened its text here
+            assert screened_by_batches and not [t for t in screened_by_batches if PASSWORD in t]
         assert report.invalid[0]["item"] == "expired" and report.invalid[0]["reason"].startswith("INVALID_SCHEMA")
         assert _state(batched) == _state(single)
         # the candidate held for an operator kept its key: it can still be decided

@@ -56,6 +56,7 @@ from engram_memory.store.core.audit import AuditWriter
 from engram_memory.store.core.crypto import open_sealed, seal
 from engram_memory.store.core.embedding_model import adopt as adopt_model
 from engram_memory.store.core.embedding_model import record_identity
+from engram_memory.store.core.keyreserve import KeyReserve
 from engram_memory.store.core.lifecycle import (
     AdmittedRecord,
     BatchItem,
@@ -556,13 +557,14 @@ class Engine:
                 self._admitted(admitted)
             return RequestAdmissionValue.model_validate(value)
 
-    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem]) -> list[BatchOutcome]:
+    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem],
+                          keys: KeyReserve | None = None) -> list[BatchOutcome]:
         """A batch of captures, each with its admission request (an import), in ONE transaction
-        (Lifecycle.capture_and_admit); the admitted records go to the projections as each
-        request_admission's do (together at the end of an open ``batch``)."""
+        (Lifecycle.capture_and_admit; ``keys``: a KeyReserve made ahead); the admitted records go to
+        the projections as each request_admission's do (together at the end of an open ``batch``)."""
         with self._writing(ctx.scope_ref, settle=False):
             self._fresh(ctx.scope_ref)
-            outcomes = self.lifecycle.capture_and_admit(ctx, items, self.clock())
+            outcomes = self.lifecycle.capture_and_admit(ctx, items, self.clock(), keys)
             for outcome in outcomes:
                 if outcome.admitted is not None:
                     self._admitted(outcome.admitted)

@@ -38,6 +38,7 @@ from engram_memory.store.backend import KeyRing, NewCandidate, NewRecord, Store,
 from engram_memory.store.core import ledger
 from engram_memory.store.core.authz import authorization_receipt
 from engram_memory.store.core.crypto import open_sealed, seal
+from engram_memory.store.core.keyreserve import KeyReserve
 from engram_memory.store.core.timeutil import from_instant, to_instant
 from engram_memory.store.screen.policy import DefaultAdmissionPolicy, screen_cache
 
@@ -394,7 +395,8 @@ class Lifecycle:
 
     # -- a batch of captures, each with its admission request, in one transaction (an import) --
 
-    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem], now: int) -> list[BatchOutcome]:
+    def capture_and_admit(self, ctx: HostContext, items: list[BatchItem], now: int,
+                          keys: KeyReserve | None = None) -> list[BatchOutcome]:
         """What ``capture`` then ``request_admission`` of each item would do, in item order, in ONE
         transaction: the same journal events, rows, ledger answers and receipts, each item screened
         and decided on its own (one refused item is its own outcome, the others commit). A capture
@@ -402,7 +404,9 @@ class Lifecycle:
         the same commit); the record keys and those of candidates left pending are created together
         (KeyRing.create_many) before the commit. An item either key of which is in the ledger
         already, or whose capture key an earlier item of the batch uses, is ``deferred``: the
-        caller sends it through capture and request_admission one by one (their replays)."""
+        caller sends it through capture and request_admission one by one (their replays). ``keys``:
+        where the batch's keys come from (an import's KeyReserve, made ahead), the store's ring if
+        None."""
         outcomes: list[BatchOutcome] = [BatchOutcome() for _ in items]
         recorded_at = issued_at = to_instant(now)
         auth_capture = authorization_receipt(ctx, "capture", {"scope_ref": ctx.scope_ref})
@@ -432,7 +436,7 @@ class Lifecycle:
             for p in todo:
                 if p.decision == "accept" and p.pd in forgotten:
                     p.decision = "adjudication_required"  # forgotten content is never silently re-admitted
-            keys = iter(self.keys.create_many(sum(1 for p in todo if p.decision != "reject")))
+            made = iter((keys or self.keys).create_many(sum(1 for p in todo if p.decision != "reject")))
             cursor = uow.high_water(ctx.scope_ref)
             events: list[tuple[dict[str, Any], bool]] = []
             for p in todo:
@@ -465,7 +469,7 @@ class Lifecycle:
                 candidate = NewCandidate(p.cid, ctx.scope_ref, ctx.principal, INITIAL_STATE.value, p.cursor,
                                          recorded_at, p.pd, p.record["record_digest"], None, None)
                 if p.decision == "adjudication_required":
-                    key_ref, dek = next(keys)
+                    key_ref, dek = next(made)
                     candidates.append(dataclasses.replace(candidate, key_ref=key_ref,
                                                           envelope=seal(dek, p.envelope, pending_context(p.cid))))
                     closed.append(None)
@@ -487,7 +491,7 @@ class Lifecycle:
                         p.record["record_digest"] if accepted else None),
                 }
                 if accepted:
-                    rkey_ref, rdek = next(keys)
+                    rkey_ref, rdek = next(made)
                     outcome["record_id"] = p.record["record_id"]
                     records.append(self._new_record(ctx.scope_ref, p.cid, p.record, rkey_ref, rdek))
                     out.admitted = AdmittedRecord(ctx.scope_ref, p.record, cursor)

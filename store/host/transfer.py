@@ -22,6 +22,8 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,10 +36,12 @@ from engram_memory.models.digests import payload_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import RecordState
 from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input, to_plain
+from engram_memory.store.core.keyreserve import KeyReserve
 from engram_memory.store.core.lifecycle import BatchItem, BatchOutcome
 from engram_memory.store.core.refusals import AdminUsageError
-from engram_memory.store.screen.policy import secret_kind
-from engram_memory.store.screen.secrets import find_secret
+from engram_memory.store.screen.parallel import prescreen
+from engram_memory.store.screen.policy import screen_cache, secret_kind
+from engram_memory.store.screen.secrets import find_secret, strings_of
 
 EXPORT_FORMAT = "engram-memory-export"
 EXPORT_VERSION = 1
@@ -441,21 +445,61 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
     ctx = import_context(scope_ref)
     engine.db.bound_memory(IMPORT_STORE_CACHE_MIB)
     present = {r["payload_digest"] for r in engine.live_records(scope_ref)}
-    for start in range(0, len(items), INDEX_EVERY):
-        before = len(report.record_ids)
-        with engine.batch():  # the chunk's admitted records are indexed together when it ends
-            chunk, first = items[start:start + INDEX_EVERY], 0
-            while first < len(chunk):
-                # The first batches are small: the first items show (and an interruption stops) soon.
-                size = min(BATCH, max(FIRST_BATCH, start + first))
-                batch = chunk[first:first + size]
-                _import_batch(engine, ctx, batch, present, report)
-                for _item in batch:
-                    advance()
-                first += size
+    chunks = _chunks(len(items))
+    slices = [s for chunk in chunks for s in chunk]
+    keys = KeyReserve(engine.keys)
+    with prescreen(len(items)) as worker, closing(keys):
+        # The worker screens batch i + 1, and a thread makes its data keys, while this process
+        # writes batch i.
+        screened = [worker.submit(_texts(items[s])) for s in slices[:1]] if worker else []
+        at = 0
+        for chunk in chunks:
+            before = len(report.record_ids)
+            with engine.batch():  # the chunk's admitted records are indexed together when it ends
+                for part in chunk:
+                    batch = items[part]
+                    at += 1
+                    if at < len(slices):
+                        keys.ahead(len(items[slices[at]]))
+                        if worker is not None:
+                            screened.append(worker.submit(_texts(items[slices[at]])))
+                    with screen_cache(_answered(screened.pop(0)) if screened else None):
+                        _import_batch(engine, ctx, batch, present, report, keys)
+                    for _item in batch:
+                        advance()
             if len(report.record_ids) > before:
                 phase(f"indexing {len(report.record_ids) - before} imported record(s)")
     return report
+
+
+def _chunks(total: int) -> list[list[slice]]:
+    """The import's batches, by indexing chunk: INDEX_EVERY items a chunk, and within it batches
+    that start small (the first items show, and an interruption stops, soon) and grow to BATCH."""
+    chunks = []
+    for start in range(0, total, INDEX_EVERY):
+        end, first, parts = min(total, start + INDEX_EVERY), start, []
+        while first < end:
+            size = min(BATCH, max(FIRST_BATCH, first))
+            parts.append(slice(first, min(end, first + size)))
+            first += size
+        chunks.append(parts)
+    return chunks
+
+
+def _texts(batch: list[Item]) -> Iterator[str]:
+    """Every string of the batch's items: a superset of what the policy will screen (a text it
+    screens that was not sent is screened here)."""
+    for item in batch:
+        if item.args is not None:
+            yield from strings_of(item.args)
+
+
+def _answered(pending: Future[dict[str, str | None]]) -> dict[str, str | None] | None:
+    """The worker's answers, or None (every text screened here) if it failed."""
+    try:
+        return pending.result()
+    except Exception:  # a worker that died (BrokenProcessPool) or could not pickle: screen here
+        return None
 
 
 @dataclass
@@ -497,7 +541,7 @@ def _checked(ctx: HostContext, item: Item, report: ImportReport) -> _Ready | Non
 
 
 def _import_batch(engine: Any, ctx: HostContext, batch: list[Item], present: set[str],
-                  report: ImportReport) -> None:
+                  report: ImportReport, keys: KeyReserve | None = None) -> None:
     """One transaction for the batch's new items; an item the batch cannot answer (a replay of an
     earlier import's, or a payload an earlier item of the batch carries too) goes one by one
     after it, exactly as before batches."""
@@ -516,7 +560,8 @@ def _import_batch(engine: Any, ctx: HostContext, batch: list[Item], present: set
             digests.add(checked.digest)
             ready.append(checked)
     try:
-        outcomes = engine.capture_and_admit(ctx, [BatchItem(r.plain, r.admit_key) for r in ready]) if ready else []
+        outcomes = engine.capture_and_admit(ctx, [BatchItem(r.plain, r.admit_key) for r in ready], keys) \
+            if ready else []
     except EngramError:  # the batch as a whole failed (nothing committed): each item on its own says why
         outcomes = [BatchOutcome(deferred=True) for _ in ready]
     for r, outcome in zip(ready, outcomes, strict=True):

@@ -14,7 +14,7 @@ envelope is dropped with its key, and no record id is ever minted for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from itertools import chain
@@ -58,9 +58,15 @@ _batch_cache: ContextVar[dict[str, str | None] | None] = ContextVar("engram_scre
 
 
 @contextmanager
-def screen_cache() -> Iterator[None]:
-    """Within the block, a short string is screened once (an import batch of one operator's file)."""
-    token = _batch_cache.set({})
+def screen_cache(known: Mapping[str, str | None] | None = None) -> Iterator[None]:
+    """Within the block, a short string is screened once (an import batch of one operator's file).
+    ``known``: this batch's texts already screened (on the import's second process,
+    store/screen/parallel.py), answered from here whatever their length. Inside a block that
+    has a cache already, the outer one serves."""
+    if known is None and _batch_cache.get() is not None:
+        yield
+        return
+    token = _batch_cache.set(dict(known) if known else {})
     try:
         yield
     finally:
@@ -70,18 +76,21 @@ def screen_cache() -> Iterator[None]:
 # A digest field's value (``sha256:`` and 64 hex digits) never matches (see above): not screened
 # again at ~1 ms each (an import item carries two new ones).
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_UNKNOWN = object()
 
 
 def _screen(text: str) -> str | None:
     if len(text) == 71 and _DIGEST.fullmatch(text):
         return None
-    find_secret = lazy.secrets().find_secret
     cache = _batch_cache.get()
-    if cache is None or len(text) > SCREEN_CACHED_CHARS:
-        return find_secret(text)
-    if text not in cache:
-        cache[text] = find_secret(text)
-    return cache[text]
+    if cache is not None:
+        found = cache.get(text, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
+    kind = lazy.secrets().find_secret(text)
+    if cache is not None and len(text) <= SCREEN_CACHED_CHARS:
+        cache[text] = kind
+    return kind
 
 
 def secret_kind(payload: dict[str, Any], evidence: dict[str, Any]) -> str | None:
