@@ -233,7 +233,7 @@ def test_integral_floats_become_ints() -> None:
     assert type(converted["d"]) is float  # unsafe: left for canonicalisation to refuse
 
 
-# -- the fast path (orjson; json past its nesting limit) writes exactly rfc8785's bytes ------------------------------------
+# -- the fast path (orjson; json past its nesting limit) writes exactly rfc8785's bytes -------------------
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 _keys = st.one_of(st.text(st.characters(max_codepoint=127), max_size=6), _text)
