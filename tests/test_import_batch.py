@@ -85,10 +85,15 @@ def test_a_batched_import_writes_exactly_what_one_item_at_a_time_writes(
     items = _items(tmp_path)
     monkeypatch.setattr(transfer, "BATCH", 7)  # several batches, repeats across and within them
     screened_here: list[str] = []
-    if worker:  # every batch's texts go to the second process first (store/screen/parallel.py)
-        from engram_memory.store.screen import lazy, parallel
+    checked_here: list[str] = []
+    if worker:  # every batch goes to the second process first (store/host/import_worker.py)
+        from engram_memory.store.host import import_worker
+        from engram_memory.store.screen import lazy
 
-        monkeypatch.setattr(parallel, "PARALLEL_FROM", 1)
+        monkeypatch.setattr(import_worker, "PARALLEL_FROM", 1)
+        check_args = transfer._check_args
+        monkeypatch.setattr(transfer, "_check_args",
+                            lambda scope, raw: checked_here.append(scope) or check_args(scope, raw))
         find_secret = lazy.secrets().find_secret
         monkeypatch.setattr(lazy.secrets(), "find_secret",
                             lambda text: screened_here.append(text) or find_secret(text))
@@ -98,6 +103,7 @@ def test_a_batched_import_writes_exactly_what_one_item_at_a_time_writes(
             _forget_held(engine)
         report = transfer.import_items(batched, SCOPE_REF, "test", items)
         screened_by_batches = list(screened_here)  # texts the worker was not sent (field names...)
+        assert not checked_here  # with the worker, every item's checks came from it
         expected = _one_by_one(single, items)
         assert report.counts() == expected.counts()
         assert report.counts() == {"items": len(items), "imported": 31, "already_present": 6, "rejected": 1,

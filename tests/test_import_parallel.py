@@ -1,21 +1,24 @@
-"""What a large import runs beside its own thread (issue 40 §3): the secrets screen on a second
-process (store/screen/parallel.py) and the next batch's data keys on a thread
-(store/core/keyreserve.py). Both must give exactly what this process would, and leave nothing
-behind. Real worker process, real key files."""
+"""What a large import runs beside its own thread (issue 40 §3): the items' checks and the secrets
+screen on a second process (store/host/import_worker.py) and the next batch's data keys on a
+thread (store/core/keyreserve.py). Both must give exactly what this process would, and leave
+nothing behind. Real worker process, real key files."""
 
 from __future__ import annotations
 
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engram_memory.store.core.crypto import KeyStore, key_files
 from engram_memory.store.core.keyreserve import KeyReserve
-from engram_memory.store.host.transfer import _answered, _chunks
-from engram_memory.store.screen import parallel
-from engram_memory.store.screen.secrets import find_secret, rules_only
+from engram_memory.store.host import import_worker
+from engram_memory.store.host.transfer import Item, _answered, _check_args, _chunks
+from engram_memory.store.screen.policy import needs_screening
+from engram_memory.store.screen.secrets import find_secret, rules_only, strings_of
+from tests.store_fixtures import capture_args
 
 TEXTS = [
     "The staging cluster is called heron",
@@ -29,36 +32,58 @@ TEXTS = [
 ]
 
 
+SCOPE = "acme/import-test"
+
+
+def _batch() -> list[Item]:
+    """Items as an import reads them: valid ones carrying the texts, an invalid one, a lone
+    surrogate, one with no arguments at all."""
+    def args(text: str) -> dict[str, Any]:
+        made = capture_args(text.encode("utf-8", "replace").decode())  # (its digests need valid text)
+        made["payload"]["components"][0]["text"] = text
+        return {"payload": made["payload"], "evidence": made["evidence"]}
+
+    items = [Item(f"item {i}", args(text)) for i, text in enumerate(TEXTS)]
+    items.append(Item("no evidence", {"payload": args(TEXTS[0])["payload"]}))
+    items.append(Item("not an item", None, "INVALID_SCHEMA: not an object"))
+    return items
+
+
 def test_the_worker_answers_what_this_process_would() -> None:
-    worker = parallel.Prescreen()
+    items = _batch()
+    worker = import_worker.ImportWorker()
     try:
-        answers = worker.submit(TEXTS + TEXTS).result(timeout=120)
+        answer = worker.submit(SCOPE, [item._args for item in items]).result(timeout=120)
         with rules_only():
-            rules = worker.submit(TEXTS).result(timeout=120)
+            rules = worker.submit(SCOPE, [item._args for item in items]).result(timeout=120)
     finally:
         worker.close()
-    assert "ok" not in answers and worker.sent == 2 * (len(TEXTS) - 1)  # each text once a request
-    assert answers == {t: find_secret(t) for t in TEXTS if len(t) >= 4}
-    assert any(answers.values()) and not all(answers.values())  # secrets found, prose passed
+    assert worker.sent == 2 * (len(items) - 1)  # the item without arguments is never sent
+    expected = [None if item.args is None else _check_args(SCOPE, item.args) for item in items]
+    assert answer.checks == expected == rules.checks
+    assert sum(isinstance(c, str) for c in expected) == 2 and isinstance(expected[0], tuple)  # two invalid
+    texts = {t for item in items if item.args for t in strings_of(item.args) if needs_screening(t)}
+    assert answer.screened == {t: find_secret(t) for t in texts}
+    assert any(answer.screened.values()) and not all(answer.screened.values())  # secrets found, prose passed
     with rules_only():
-        assert rules == {t: find_secret(t) for t in TEXTS if len(t) >= 4}
+        assert rules.screened == {t: find_secret(t) for t in texts}
 
 
-def test_a_dead_worker_leaves_the_screening_to_this_process() -> None:
-    worker = parallel.Prescreen()
+def test_a_dead_worker_leaves_the_work_to_this_process() -> None:
+    worker = import_worker.ImportWorker()
     try:
-        worker.submit(TEXTS[:1]).result(timeout=120)
+        worker.submit(SCOPE, [_batch()[0]._args]).result(timeout=120)
         os.kill(worker._proc.pid, signal.SIGKILL)
         worker._proc.wait()
         worker._reader.join(timeout=30)
-        late = worker.submit(TEXTS)
-        assert _answered(late) is None  # the caller screens every text itself
+        late = worker.submit(SCOPE, [item._args for item in _batch()])
+        assert _answered(late) is None  # the caller checks and screens every item itself
     finally:
         worker.close()
 
 
 def test_small_imports_start_no_worker() -> None:
-    with parallel.prescreen(parallel.PARALLEL_FROM - 1) as worker:
+    with import_worker.import_worker(import_worker.PARALLEL_FROM - 1) as worker:
         assert worker is None
 
 

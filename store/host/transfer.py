@@ -39,9 +39,9 @@ from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionIn
 from engram_memory.store.core.keyreserve import KeyReserve
 from engram_memory.store.core.lifecycle import BatchItem, BatchOutcome
 from engram_memory.store.core.refusals import AdminUsageError
-from engram_memory.store.screen.parallel import prescreen
+from engram_memory.store.host.import_worker import Answer, Check, ImportWorker, import_worker
 from engram_memory.store.screen.policy import screen_cache, secret_kind
-from engram_memory.store.screen.secrets import find_secret, strings_of
+from engram_memory.store.screen.secrets import find_secret
 
 EXPORT_FORMAT = "engram-memory-export"
 EXPORT_VERSION = 1
@@ -448,10 +448,10 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
     chunks = _chunks(len(items))
     slices = [s for chunk in chunks for s in chunk]
     keys = KeyReserve(engine.keys)
-    with prescreen(len(items)) as worker, closing(keys):
-        # The worker screens batch i + 1, and a thread makes its data keys, while this process
-        # writes batch i.
-        screened = [worker.submit(_texts(items[s])) for s in slices[:1]] if worker else []
+    with import_worker(len(items)) as worker, closing(keys):
+        # The worker checks and screens batch i + 1, and a thread makes its data keys, while this
+        # process writes batch i.
+        answers = [_submit(worker, scope_ref, items[s]) for s in slices[:1]] if worker else []
         at = 0
         for chunk in chunks:
             before = len(report.record_ids)
@@ -462,9 +462,10 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
                     if at < len(slices):
                         keys.ahead(len(items[slices[at]]))
                         if worker is not None:
-                            screened.append(worker.submit(_texts(items[slices[at]])))
-                    with screen_cache(_answered(screened.pop(0)) if screened else None):
-                        _import_batch(engine, ctx, batch, present, report, keys)
+                            answers.append(_submit(worker, scope_ref, items[slices[at]]))
+                    answer = _answered(answers.pop(0)) if answers else None
+                    with screen_cache(answer.screened if answer else None):
+                        _import_batch(engine, ctx, batch, present, report, keys, answer.checks if answer else None)
                     for _item in batch:
                         advance()
             if len(report.record_ids) > before:
@@ -486,19 +487,15 @@ def _chunks(total: int) -> list[list[slice]]:
     return chunks
 
 
-def _texts(batch: list[Item]) -> Iterator[str]:
-    """Every string of the batch's items: a superset of what the policy will screen (a text it
-    screens that was not sent is screened here)."""
-    for item in batch:
-        if item.args is not None:
-            yield from strings_of(item.args)
+def _submit(worker: ImportWorker, scope_ref: str, batch: list[Item]) -> Future[Answer]:
+    return worker.submit(scope_ref, [item._args for item in batch])
 
 
-def _answered(pending: Future[dict[str, str | None]]) -> dict[str, str | None] | None:
-    """The worker's answers, or None (every text screened here) if it failed."""
+def _answered(pending: Future[Answer]) -> Answer | None:
+    """The worker's answer, or None (this process does the batch's checks and screening) if it failed."""
     try:
         return pending.result()
-    except Exception:  # a worker that died (BrokenProcessPool) or could not pickle: screen here
+    except Exception:  # a worker that died or answered nonsense: the work is done here
         return None
 
 
@@ -508,48 +505,57 @@ class _Ready:
     idempotency key), its admission's key, and the payload digest its record will have."""
 
     item: Item
-    capture: CaptureInput
     plain: dict[str, Any]
     admit_key: str
     digest: str
 
 
-def _checked(ctx: HostContext, item: Item, report: ImportReport) -> _Ready | None:
-    """The item ready to import, or None once it is reported invalid."""
-    raw = item.args
-    if raw is None:
-        report.invalid.append({"item": item.label, "reason": item.problem or "invalid"})
-        return None
+def _check_args(scope_ref: str, raw: dict[str, Any]) -> tuple[dict[str, Any], str, str] | str:
+    """An item's capture arguments checked as capture checks them: its plain arguments (with their
+    idempotency key), its admission's key and its record's payload digest -- or the reason it is
+    invalid. A pure function of the item: the import worker runs it too (store/host/import_worker.py)."""
     try:
         args, admit_key = _keyed(raw)
         capture = parse_input("capture", args)
     except EngramError as exc:
-        report.invalid.append({"item": item.label, "reason": _refusal(exc)})
-        return None
+        return _refusal(exc)
     except CanonicalizationError:
-        report.invalid.append({"item": item.label, "reason": UNPAIRED})
-        return None
+        return UNPAIRED
     except (ValueError, TypeError, RecursionError, ValidationError) as exc:
-        report.invalid.append({"item": item.label, "reason": f"INVALID_SCHEMA: {type(exc).__name__}"})
-        return None
+        return f"INVALID_SCHEMA: {type(exc).__name__}"
     assert isinstance(capture, CaptureInput)
     plain = to_plain(capture)
     # What the record's payload digest will be: the payload as captured (an export's carries its
     # retention and reconciliation, a graph item's sets them), bound to the scope.
-    digest = payload_digest({**plain["payload"], "scope_ref": ctx.scope_ref})
-    return _Ready(item, capture, plain, admit_key, digest)
+    return plain, admit_key, payload_digest({**plain["payload"], "scope_ref": scope_ref})
+
+
+def _checked(ctx: HostContext, item: Item, report: ImportReport, check: Check = None) -> _Ready | None:
+    """The item ready to import, or None once it is reported invalid (``check``: the import
+    worker's answer for it; computed here when None)."""
+    if check is None:
+        raw = item.args
+        if raw is None:
+            report.invalid.append({"item": item.label, "reason": item.problem or "invalid"})
+            return None
+        check = _check_args(ctx.scope_ref, raw)
+    if isinstance(check, str):
+        report.invalid.append({"item": item.label, "reason": check})
+        return None
+    plain, admit_key, digest = check
+    return _Ready(item, plain, admit_key, digest)
 
 
 def _import_batch(engine: Any, ctx: HostContext, batch: list[Item], present: set[str],
-                  report: ImportReport, keys: KeyReserve | None = None) -> None:
+                  report: ImportReport, keys: KeyReserve | None = None, checks: list[Check] | None = None) -> None:
     """One transaction for the batch's new items; an item the batch cannot answer (a replay of an
     earlier import's, or a payload an earlier item of the batch carries too) goes one by one
-    after it, exactly as before batches."""
+    after it, exactly as before batches. ``checks``: the import worker's, by item."""
     ready: list[_Ready] = []
     one_by_one: list[_Ready] = []
     digests: set[str] = set()
-    for item in batch:
-        checked = _checked(ctx, item, report)
+    for index, item in enumerate(batch):
+        checked = _checked(ctx, item, report, checks[index] if checks else None)
         if checked is None:
             continue
         if checked.digest in present:
@@ -582,7 +588,9 @@ def _import_one(engine: Any, ctx: HostContext, r: _Ready, present: set[str], rep
         report.already_present += 1
         return
     try:
-        captured = engine.capture(ctx, r.capture)
+        capture = parse_input("capture", r.plain)  # the arguments checked already: the same model
+        assert isinstance(capture, CaptureInput)
+        captured = engine.capture(ctx, capture)
         admitted = engine.request_admission(
             ctx, RequestAdmissionInput(candidate_id=captured.candidate_id, idempotency_key=r.admit_key))
     except EngramError as exc:  # the host policy's refusals (retention, families) and the like

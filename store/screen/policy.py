@@ -61,7 +61,7 @@ _batch_cache: ContextVar[dict[str, str | None] | None] = ContextVar("engram_scre
 def screen_cache(known: Mapping[str, str | None] | None = None) -> Iterator[None]:
     """Within the block, a short string is screened once (an import batch of one operator's file).
     ``known``: this batch's texts already screened (on the import's second process,
-    store/screen/parallel.py), answered from here whatever their length. Inside a block that
+    store/host/import_worker.py), answered from here whatever their length. Inside a block that
     has a cache already, the outer one serves."""
     if known is None and _batch_cache.get() is not None:
         yield
@@ -76,11 +76,17 @@ def screen_cache(known: Mapping[str, str | None] | None = None) -> Iterator[None
 # A digest field's value (``sha256:`` and 64 hex digits) never matches (see above): not screened
 # again at ~1 ms each (an import item carries two new ones).
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+MIN_SECRET_CHARS = 4  # find_secret (secrets.py) passes anything shorter without a rule or the model
 _UNKNOWN = object()
 
 
+def needs_screening(text: str) -> bool:
+    """False for a text the screen passes without looking: too short to hold a secret, or a digest."""
+    return len(text) >= MIN_SECRET_CHARS and not (len(text) == 71 and _DIGEST.fullmatch(text))
+
+
 def _screen(text: str) -> str | None:
-    if len(text) == 71 and _DIGEST.fullmatch(text):
+    if not needs_screening(text):
         return None
     cache = _batch_cache.get()
     if cache is not None:

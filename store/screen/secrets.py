@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from engram_memory.store.screen.policy import MIN_SECRET_CHARS
 from engram_memory.store.screen.rules import find_in_line, find_shape, names_a_statement
 from engram_memory.store.screen.secret_layouts import find_in_layout
 from engram_memory.store.screen.secret_model import load_model
@@ -30,13 +31,13 @@ __all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secre
 
 def find_rule_secret(text: str) -> str | None:
     """The kind of the first secret the rules find in ``text``, or None. Never returns the value."""
-    if not text or len(text) < 4:
+    if not text or len(text) < MIN_SECRET_CHARS:
         return None
     found = find_shape(text) or find_in_layout(text)
     if found:
         return found
     for line in text.splitlines() or [text]:
-        if len(line) < 4:
+        if len(line) < MIN_SECRET_CHARS:
             continue
         found = find_in_line(line) or (names_a_statement(line) and find_statement(line)) or None
         if found:
@@ -65,7 +66,7 @@ def find_secret(text: str) -> str | None:
     screen fires), or None. Never returns the value. The decision is: a rule fires OR the model's
     probability reaches the threshold shipped in its card."""
     found = find_rule_secret(text)
-    if found or not _LEARNED.get() or not text or len(text) < 4:
+    if found or not _LEARNED.get() or not text or len(text) < MIN_SECRET_CHARS:
         return found
     model = load_model()
     if model is not None and model.fires(text):

@@ -1,0 +1,173 @@
+"""A large import's second process, a batch ahead: while this process writes batch *i*, the worker
+checks batch *i + 1*'s items against the contract (``transfer._check_args``: the idempotency key,
+the capture's validation, the payload digest) and screens their texts for secrets
+(store/screen/secrets.py ``find_secret``) -- a third and a quarter of an imported item's time on
+the importing thread before (py-spy of a 5,000-item import).
+
+Both are pure functions of the item, run by the same code, so the worker's answers are the ones
+this process would compute: an item's plain capture arguments (or the reason it is invalid) and a
+text's kind. This process uses them as its own -- the texts through the batch's screen cache
+(``policy.screen_cache``), so the decision is still made here, item by item -- and computes
+itself whatever it was not given (an item or text not sent, a worker that could not start or
+died).
+
+The worker is ``python -m engram_memory.store.host.import_worker``, JSON lines over its stdin
+and stdout -- not multiprocessing, whose spawned child would run the importing program's main
+module again (a script without a ``__main__`` guard would import twice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import IO, Any
+
+from engram_memory.store.screen import lazy
+
+# Below this many items the second interpreter (~1 s to start and load the screen) costs more
+# than it saves.
+PARALLEL_FROM = 2000
+# An item's check, as the worker sends it: its plain capture arguments, admission key and payload
+# digest, or why it is invalid (the report's reason); None for an item not sent.
+Check = tuple[dict[str, Any], str, str] | str | None
+
+
+@dataclass
+class Answer:
+    """The worker's answer for one batch."""
+
+    checks: list[Check]  # by item, in the batch's order
+    screened: dict[str, str | None]  # text -> kind (None: no secret)
+
+
+class ImportWorker:
+    """One worker process answering the batches it is sent, in the order sent."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+        self._waiting: deque[Future[Answer]] = deque()
+        self._lock = threading.Lock()
+        self._broken = False
+        self.sent = 0  # items sent (the tests see the worker did the work)
+        # A reader thread: a large request written while the worker writes a large answer would
+        # otherwise block both processes.
+        assert self._proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), name="engram-prescreen",
+                                         daemon=True)
+        self._reader.start()
+
+    def submit(self, scope_ref: str, args: list[bytes | None]) -> Future[Answer]:
+        """Check and screen a batch: each item's capture arguments as compact JSON (an ``Item``'s
+        own bytes), None for one not to send. A failed future if the worker is gone."""
+        future: Future[Answer] = Future()
+        items = b",".join(b"null" if a is None else a for a in args)
+        line = b'{"scope":%s,"learned":%s,"items":[%s]}\n' % (
+            json.dumps(scope_ref).encode(), b"true" if lazy.secrets()._LEARNED.get() else b"false", items)
+        with self._lock:
+            if self._broken or self._proc.stdin is None:
+                future.set_exception(RuntimeError("the import worker is not running"))
+                return future
+            self._waiting.append(future)
+        try:
+            self._proc.stdin.write(line)
+            self._proc.stdin.flush()
+        except OSError:
+            self._fail()
+        self.sent += sum(a is not None for a in args)
+        return future
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
+            with self._lock:
+                future = self._waiting.popleft()
+            try:
+                answer = json.loads(line)
+                future.set_result(Answer([_check(c) for c in answer["checks"]], answer["screened"]))
+            except (ValueError, TypeError, KeyError) as exc:
+                future.set_exception(exc)
+        self._fail()
+
+    def _fail(self) -> None:
+        with self._lock:
+            self._broken = True
+            waiting, self._waiting = list(self._waiting), deque()
+        for future in waiting:
+            if not future.done():
+                future.set_exception(RuntimeError("the import worker stopped"))
+
+    def close(self) -> None:
+        """End the worker: what it is screening is finished (at most a batch, ~1 s), then it exits."""
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join()
+
+
+def _check(sent: Any) -> Check:
+    return tuple(sent) if isinstance(sent, list) else sent
+
+
+@contextmanager
+def import_worker(items: int) -> Iterator[ImportWorker | None]:
+    """A worker for an import of ``items`` items, or None where one would not pay."""
+    if items < PARALLEL_FROM or len(os.sched_getaffinity(0)) < 2:
+        yield None
+        return
+    try:
+        worker = ImportWorker()
+    except OSError:  # no process to be had: everything is done here
+        yield None
+        return
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
+def _serve() -> None:
+    """The worker: one batch a line in, its checks and its texts' kinds a line out."""
+    # A Ctrl-C at the terminal reaches the whole process group: the importing process acts on it
+    # (it says how far it got); this one ends when its stdin closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from engram_memory.store.host import transfer
+    from engram_memory.store.screen.policy import needs_screening
+
+    secrets = lazy.secrets()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        checks: list[Any] = []
+        texts: dict[str, None] = {}
+        for args in request["items"]:
+            if args is None:
+                checks.append(None)
+                continue
+            checked = transfer._check_args(request["scope"], args)
+            checks.append(checked if isinstance(checked, str) else list(checked))
+            # (not a digest: ~1 ms each to screen, two new ones an item, and never a secret)
+            texts.update((t, None) for t in secrets.strings_of(args) if needs_screening(t))
+        with nullcontext() if request["learned"] else secrets.rules_only():
+            screened = {text: secrets.find_secret(text) for text in texts}
+        sys.stdout.write(json.dumps({"checks": checks, "screened": screened}) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _serve()
