@@ -5,8 +5,12 @@ nothing behind. Real worker process, real key files."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +129,62 @@ def test_a_reserve_never_used_leaves_no_key(tmp_path: Path, count: int) -> None:
     reserve.create_many(count)
     reserve.close()
     assert len(key_files(ring.dir)) == count
+
+
+def _graph(path: Path, total: int) -> Path:
+    path.write_text("".join(json.dumps({"type": "entity", "name": f"Entity {e}", "entityType": "note",
+                                        "observations": [f"Observation {e}-{k} about ledger {e * 10 + k}"
+                                                         for k in range(10)]}) + "\n"
+                            for e in range(total // 10)))
+    return path
+
+
+def _group(pgid: int) -> list[str]:
+    """The command lines of the processes of a process group (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+    return found
+
+
+def _group_gone(pgid: int, timeout: float = 60) -> bool:
+    """True once no process of the group is left (the importer and its worker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_an_interrupted_import_leaves_no_worker_behind(tmp_path: Path, how: str) -> None:
+    """A Ctrl-C at a terminal reaches the whole process group: the import still says how far it got
+    (exit 130, no traceback) and its worker ends with it. A SIGKILL of the importer alone closes the
+    worker's stdin: the worker ends too."""
+    graph = _graph(tmp_path / "memory.jsonl", import_worker.PARALLEL_FROM + 1000)
+    proc = subprocess.Popen([sys.executable, "-m", "engram_memory.server.cli", "admin", "import", "--scope",
+                             "acme/main", "--from", str(graph), "--data-dir", str(tmp_path / "store")],
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("engram-memory: importing: ") and not line.startswith("engram-memory: importing: 0/"):
+            break
+    workers = [c for c in _group(proc.pid) if "engram_memory.store.host.import_worker" in c]
+    assert len(workers) == 1, _group(proc.pid)  # the import runs with its worker
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "Traceback" not in err, (proc.returncode, err)
+        assert "interrupted after" in err.strip().splitlines()[-1], err
+    else:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert _group_gone(proc.pid), _group(proc.pid)
