@@ -1,5 +1,5 @@
 """A large import's second process, a batch ahead: while this process writes batch *i*, the worker
-checks batch *i + 1*'s items against the contract (``transfer._check_args``: the idempotency key,
+checks batch *i + 1*'s items against the contract (``import_checks._check_args``: the idempotency key,
 the capture's validation, the payload digest) and screens their texts for secrets
 (store/screen/secrets.py ``find_secret``) -- a third and a quarter of an imported item's time on
 the importing thread before (py-spy of a 5,000-item import).
@@ -147,7 +147,7 @@ def _serve() -> None:
     # A Ctrl-C at the terminal reaches the whole process group: the importing process acts on it
     # (it says how far it got); this one ends when its stdin closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from engram_memory.store.host import transfer
+    from engram_memory.store.host.import_checks import _check_args
     from engram_memory.store.screen.policy import needs_screening
 
     secrets = lazy.secrets()
@@ -159,7 +159,7 @@ def _serve() -> None:
             if args is None:
                 checks.append(None)
                 continue
-            checked = transfer._check_args(request["scope"], args)
+            checked = _check_args(request["scope"], args)
             checks.append(checked if isinstance(checked, str) else list(checked))
             # (not a digest: ~1 ms each to screen, two new ones an item, and never a secret)
             texts.update((t, None) for t in secrets.strings_of(args) if needs_screening(t))

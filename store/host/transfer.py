@@ -28,17 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pydantic import ValidationError
-
 from engram_memory.models.canonical import CanonicalizationError, canonical_bytes, canonical_text
 from engram_memory.models.context import HostContext
 from engram_memory.models.digests import payload_digest
 from engram_memory.models.errors import EngramError
 from engram_memory.models.states import RecordState
-from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input, to_plain
+from engram_memory.models.tools import CaptureInput, Payload, RequestAdmissionInput, parse_input
 from engram_memory.store.core.keyreserve import KeyReserve
 from engram_memory.store.core.lifecycle import BatchItem, BatchOutcome
 from engram_memory.store.core.refusals import AdminUsageError
+from engram_memory.store.host.import_checks import UNPAIRED, _check_args, _refusal
 from engram_memory.store.host.import_worker import Answer, Check, ImportWorker, import_worker
 from engram_memory.store.screen.policy import screen_cache, secret_kind
 from engram_memory.store.screen.secrets import find_secret
@@ -149,7 +148,6 @@ MAX_LINE_BYTES = 4 * 1024 * 1024  # one line of a JSON Lines file (a capture's a
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # one JSON object spread over lines (a pretty-printed read_graph)
 BOM = b"\xef\xbb\xbf"
 READ_EVERY = 10_000  # lines read between two progress reports while a file is read
-UNPAIRED = "INVALID_SCHEMA: text holds an unpaired surrogate (not valid Unicode)"
 DIGEST_MISMATCH = "DIGEST_MISMATCH: the payload does not match its payload_digest"
 
 
@@ -423,17 +421,6 @@ class ImportReport:
                 "invalid": self.invalid[:MAX_LISTED], "record_ids": self.record_ids, "notes": self.notes}
 
 
-def _keyed(args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The capture arguments with their content-derived idempotency key, and the admission's key."""
-    digest = hashlib.sha256(canonical_bytes(args)).hexdigest()[:48]
-    return {"idempotency_key": f"import-capture-{digest}", **args}, f"import-admit-{digest}"
-
-
-def _refusal(exc: EngramError) -> str:
-    # The detail is the store's own wording or validation paths and kinds, never a value.
-    return f"{exc.code}: {exc.detail}" if exc.detail else exc.code
-
-
 def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
                  advance: Callable[[], None] = lambda: None,
                  phase: Callable[[str], None] = lambda message: None) -> ImportReport:
@@ -508,26 +495,6 @@ class _Ready:
     plain: dict[str, Any]
     admit_key: str
     digest: str
-
-
-def _check_args(scope_ref: str, raw: dict[str, Any]) -> tuple[dict[str, Any], str, str] | str:
-    """An item's capture arguments checked as capture checks them: its plain arguments (with their
-    idempotency key), its admission's key and its record's payload digest -- or the reason it is
-    invalid. A pure function of the item: the import worker runs it too (store/host/import_worker.py)."""
-    try:
-        args, admit_key = _keyed(raw)
-        capture = parse_input("capture", args)
-    except EngramError as exc:
-        return _refusal(exc)
-    except CanonicalizationError:
-        return UNPAIRED
-    except (ValueError, TypeError, RecursionError, ValidationError) as exc:
-        return f"INVALID_SCHEMA: {type(exc).__name__}"
-    assert isinstance(capture, CaptureInput)
-    plain = to_plain(capture)
-    # What the record's payload digest will be: the payload as captured (an export's carries its
-    # retention and reconciliation, a graph item's sets them), bound to the scope.
-    return plain, admit_key, payload_digest({**plain["payload"], "scope_ref": scope_ref})
 
 
 def _checked(ctx: HostContext, item: Item, report: ImportReport, check: Check = None) -> _Ready | None:

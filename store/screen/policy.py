@@ -21,6 +21,7 @@ from itertools import chain
 from typing import Any, Literal
 
 from engram_memory.store.screen import lazy
+from engram_memory.store.screen.limits import MIN_SECRET_CHARS
 
 __all__ = ["POLICY_ID", "POLICY_VERSION", "DefaultAdmissionPolicy", "contains_secret", "secret_kind"]
 
@@ -76,7 +77,6 @@ def screen_cache(known: Mapping[str, str | None] | None = None) -> Iterator[None
 # A digest field's value (``sha256:`` and 64 hex digits) never matches (see above): not screened
 # again at ~1 ms each (an import item carries two new ones).
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-MIN_SECRET_CHARS = 4  # find_secret (secrets.py) passes anything shorter without a rule or the model
 _UNKNOWN = object()
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from engram_memory.store.screen.policy import MIN_SECRET_CHARS
+from engram_memory.store.screen.limits import MIN_SECRET_CHARS
 from engram_memory.store.screen.rules import find_in_line, find_shape, names_a_statement
 from engram_memory.store.screen.secret_layouts import find_in_layout
 from engram_memory.store.screen.secret_model import load_model
