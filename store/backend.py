@@ -421,6 +421,10 @@ class Store(Protocol):
 
     def current_records(self, scope_ref: str, state: str) -> list[SealedRecord]: ...
 
+    def record_payload_digests(self, scope_ref: str, state: str) -> set[str]:
+        """The payload digests of a scope's records in ``state``: the plain column, nothing decrypted."""
+        ...
+
     def missing_embeddings(self, scope_ref: str, state: str, model_digest: str | None,
                            limit: int) -> list[SealedRecord]: ...
 

@@ -237,6 +237,10 @@ class Engine:
     def candidate_count(self, scope_ref: str) -> int:
         return self.db.candidate_count(scope_ref)
 
+    def live_payload_digests(self, scope_ref: str) -> set[str]:
+        """The payload digests of a scope's current records, read without decrypting a body."""
+        return self.db.record_payload_digests(scope_ref, CURRENT.value)
+
     def live_records(self, scope_ref: str) -> list[dict[str, Any]]:
         """Every current record of a scope, decrypted, in record_id order."""
         out = []

@@ -315,6 +315,10 @@ class Database:
             [scope_ref, state],
         )]
 
+    def record_payload_digests(self, scope_ref: str, state: str) -> set[str]:
+        return {d for (d,) in self.all("SELECT payload_digest FROM records WHERE scope_ref = ? AND state = ?",
+                                       [scope_ref, state])}
+
     def missing_embeddings(self, scope_ref: str, state: str, model_digest: str | None,
                            limit: int) -> list[SealedRecord]:
         # The ids first, then their bodies by key: selecting the body column in the scan made DuckDB

@@ -414,6 +414,10 @@ class PostgresStore:
             [scope_ref, state],
         )]
 
+    def record_payload_digests(self, scope_ref: str, state: str) -> set[str]:
+        return {d for (d,) in self.all("SELECT payload_digest FROM records WHERE scope_ref = %s AND state = %s",
+                                       [scope_ref, state])}
+
     def missing_embeddings(self, scope_ref: str, state: str, model_digest: str | None,
                            limit: int) -> list[SealedRecord]:
         return [SealedRecord(rid, scope_ref, key_ref, bytes(body)) for rid, key_ref, body in self.all(
