@@ -24,9 +24,10 @@ from engram_memory.store.screen.policy import needs_screening
 from engram_memory.store.screen.secrets import find_secret, rules_only, strings_of
 from tests.store_fixtures import capture_args
 
+PASSWORD_TEXT = "Her database password is Tr0ub4dor&3-horse-staple"
 TEXTS = [
     "The staging cluster is called heron",
-    "Her database password is Tr0ub4dor&3-horse-staple",
+    PASSWORD_TEXT,
     "la clave del wifi de la casa es pollitos1958",
     "AKIAIOSFODNN7EXAMPLE",
     "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
@@ -71,6 +72,25 @@ def test_the_worker_answers_what_this_process_would() -> None:
     assert any(answer.screened.values()) and not all(answer.screened.values())  # secrets found, prose passed
     with rules_only():
         assert rules.screened == {t: find_secret(t) for t in texts}
+
+
+def test_the_worker_screens_nothing_of_an_item_the_scope_holds() -> None:
+    """A re-run of an interrupted import: the items already recorded are checked (their digest is
+    how this process knows them) but not screened, on the worker as here."""
+    items = _batch()
+    held = [item for item in items if item.args and PASSWORD_TEXT in str(item.args)]
+    assert len(held) == 1
+    digest = _check_args(SCOPE, held[0].args)[2]
+    worker = import_worker.ImportWorker()
+    try:
+        answer = worker.submit(SCOPE, [item._args for item in items], present=[digest]).result(timeout=120)
+        again = worker.submit(SCOPE, [held[0]._args]).result(timeout=120)  # the worker kept the digest
+    finally:
+        worker.close()
+    assert answer.checks == [None if item.args is None else _check_args(SCOPE, item.args) for item in items]
+    assert not [t for t in answer.screened if PASSWORD_TEXT in t]
+    assert answer.screened and any(answer.screened.values())  # the other items' texts were screened
+    assert again.checks[0][2] == digest and not again.screened
 
 
 def test_a_dead_worker_leaves_the_work_to_this_process() -> None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -59,33 +60,52 @@ class ImportWorker:
         self._waiting: deque[Future[Answer]] = deque()
         self._lock = threading.Lock()
         self._broken = False
+        self._closing = False
         self.sent = 0  # items sent (the tests see the worker did the work)
-        # A reader thread: a large request written while the worker writes a large answer would
-        # otherwise block both processes.
-        assert self._proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), name="engram-prescreen",
-                                         daemon=True)
+        # Two threads: a request (~0.5 MB) fills the pipe while the worker is still on the one
+        # before, and writing it from the importing thread blocked that thread (~9% of its time,
+        # py-spy); reading on a thread keeps a large answer from blocking both processes.
+        self._lines: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        assert self._proc.stdout is not None and self._proc.stdin is not None
+        self._writer = threading.Thread(target=self._write, args=(self._proc.stdin,), name="engram-import-send",
+                                        daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), name="engram-import-answers",
+                                        daemon=True)
+        self._writer.start()
         self._reader.start()
 
-    def submit(self, scope_ref: str, args: list[bytes | None]) -> Future[Answer]:
+    def submit(self, scope_ref: str, args: list[bytes | None], present: Collection[str] = ()) -> Future[Answer]:
         """Check and screen a batch: each item's capture arguments as compact JSON (an ``Item``'s
-        own bytes), None for one not to send. A failed future if the worker is gone."""
+        own bytes), None for one not to send. ``present``: payload digests of records the scope
+        holds (the worker keeps them: an item with one of those is counted, never screened). A
+        failed future if the worker is gone."""
         future: Future[Answer] = Future()
         items = b",".join(b"null" if a is None else a for a in args)
-        line = b'{"scope":%s,"learned":%s,"items":[%s]}\n' % (
-            json.dumps(scope_ref).encode(), b"true" if lazy.secrets()._LEARNED.get() else b"false", items)
+        line = b'{"scope":%s,"learned":%s,"present":%s,"items":[%s]}\n' % (
+            json.dumps(scope_ref).encode(), b"true" if lazy.secrets()._LEARNED.get() else b"false",
+            json.dumps(sorted(present)).encode(), items)
         with self._lock:
-            if self._broken or self._proc.stdin is None:
+            if self._broken or self._closing:
                 future.set_exception(RuntimeError("the import worker is not running"))
                 return future
-            self._waiting.append(future)
-        try:
-            self._proc.stdin.write(line)
-            self._proc.stdin.flush()
-        except OSError:
-            self._fail()
+            self._waiting.append(future)  # answers come in the order the lines are written
+            self._lines.put(line)
         self.sent += sum(a is not None for a in args)
         return future
+
+    def _write(self, stdin: IO[bytes]) -> None:
+        while (line := self._lines.get()) is not None:
+            if self._closing:
+                continue  # the import is over: what was not sent yet is never answered
+            try:
+                stdin.write(line)
+                stdin.flush()
+            except OSError:
+                self._fail()
+        try:
+            stdin.close()
+        except OSError:
+            pass
 
     def _read(self, stdout: IO[bytes]) -> None:
         for line in stdout:
@@ -107,17 +127,18 @@ class ImportWorker:
                 future.set_exception(RuntimeError("the import worker stopped"))
 
     def close(self) -> None:
-        """End the worker: what it is screening is finished (at most a batch, ~1 s), then it exits."""
-        if self._proc.stdin is not None:
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
+        """End the worker: lines not yet sent are dropped, the batch it is on (~1 s) is finished,
+        then its stdin closes and it exits."""
+        with self._lock:
+            self._closing = True
+        self._lines.put(None)
+        self._writer.join(timeout=30)  # (a worker that stopped reading is killed below, which frees it)
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._writer.join()
         self._reader.join()
 
 
@@ -151,8 +172,10 @@ def _serve() -> None:
     from engram_memory.store.screen.policy import needs_screening
 
     secrets = lazy.secrets()
+    present: set[str] = set()
     for line in sys.stdin.buffer:
         request = json.loads(line)
+        present.update(request["present"])
         checks: list[Any] = []
         texts: dict[str, None] = {}
         for args in request["items"]:
@@ -161,6 +184,8 @@ def _serve() -> None:
                 continue
             checked = _check_args(request["scope"], args)
             checks.append(checked if isinstance(checked, str) else list(checked))
+            if not isinstance(checked, str) and checked[2] in present:
+                continue  # already a record: the importing process counts it and screens nothing
             # (not a digest: ~1 ms each to screen, two new ones an item, and never a secret)
             texts.update((t, None) for t in secrets.strings_of(args) if needs_screening(t))
         with nullcontext() if request["learned"] else secrets.rules_only():

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -440,7 +440,9 @@ def import_items(engine: Any, scope_ref: str, fmt: str, items: list[Item],
     with import_worker(len(items)) as worker, closing(keys):
         # The worker checks and screens batch i + 1, and a thread makes its data keys, while this
         # process writes batch i.
-        answers = [_submit(worker, scope_ref, items[s]) for s in slices[:1]] if worker else []
+        # (the first batch tells the worker what the scope holds: a re-run of an interrupted import
+        # screened every item again only for this process to find it present)
+        answers = [_submit(worker, scope_ref, items[slices[0]], present)] if worker else []
         at = 0
         for chunk in chunks:
             before = len(report.record_ids)
@@ -476,8 +478,8 @@ def _chunks(total: int) -> list[list[slice]]:
     return chunks
 
 
-def _submit(worker: ImportWorker, scope_ref: str, batch: list[Item]) -> Future[Answer]:
-    return worker.submit(scope_ref, [item._args for item in batch])
+def _submit(worker: ImportWorker, scope_ref: str, batch: list[Item], present: Collection[str] = ()) -> Future[Answer]:
+    return worker.submit(scope_ref, [item._args for item in batch], present)
 
 
 def _answered(pending: Future[Answer]) -> Answer | None:
