@@ -52,6 +52,7 @@ HELDOUT2 = DATA / "heldout2.jsonl"  # round 2, written blind to the code: first 
 HELDOUT3 = DATA / "heldout3.jsonl"  # round 3, written blind: first run 0.776 / 0.027, then developed on
 HELDOUT4 = DATA / "heldout4.jsonl"  # round 4, written blind in 7 languages: run once (0.728 / 0.038)
 HELDOUT7 = DATA / "heldout7.jsonl"  # round 7, blind, 9 languages, the same frozen screen: first run 0.653 / 0.031
+HELDOUT8 = DATA / "heldout8.jsonl"  # round 8, blind, 9 languages: not run yet (for the next frozen screen)
 # rules, 0.705 / 0.053 with the classifier; development data since
 HELDOUT6 = DATA / "heldout6.jsonl"  # round 6, blind, 9 languages: first run 0.610 / 0.038 rules, 0.693 / 0.045 with
 # the learned screen; development data since (the shipped model was not trained on it)

@@ -272,6 +272,9 @@ HELDOUT4_SHA256 = "bf6259512dbc093f04c1dafa33cb204ceca1e85b0bb4ae030594196389b5a
 HELDOUT6_SHA256 = "703ae72f19bc220f0e85eb935af21e725a25a0a6502622f6568f70beced76e2a"
 # Round 7: the nine blind files concatenated in file-name order (de en es fr it ja nl pt zh), as hashed.
 HELDOUT7_SHA256 = "10ccdd601aaf734e34686a67c5d7fb28e75989ae9fa7b1b703dc8fcfabea3dc0"
+# Round 8: the nine blind files concatenated in file-name order (de en es fr it ja nl pt zh), as hashed
+# by their writers; not run yet.
+HELDOUT8_SHA256 = "51c1f2be298a8753d891a32d82d4a59db9984999eb528020092f2f2fd7d9f50a"
 
 
 def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
@@ -284,6 +287,7 @@ def test_the_frozen_corpora_are_the_ones_written_before_the_rules() -> None:
     assert hashlib.sha256(secrets_eval.HELDOUT4.read_bytes()).hexdigest() == HELDOUT4_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT6.read_bytes()).hexdigest() == HELDOUT6_SHA256
     assert hashlib.sha256(secrets_eval.HELDOUT7.read_bytes()).hexdigest() == HELDOUT7_SHA256
+    assert hashlib.sha256(secrets_eval.HELDOUT8.read_bytes()).hexdigest() == HELDOUT8_SHA256
 
 
 @pytest.mark.parametrize(("path", "size", "recall", "fpr"), [
