@@ -17,6 +17,7 @@ is already a current record of the scope is not captured again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -353,22 +354,8 @@ def _name(text: str) -> str:
     return "(name withheld)" if find_secret(text) else repr(text[:80])
 
 
-def _observation_label(number: int, shown: _Shown, k: int) -> Callable[[], str]:
+def _observation_label(number: int, shown: Callable[[], str], k: int) -> Callable[[], str]:
     return lambda: f"line {number} entity {shown()} observation {k}"
-
-
-class _Shown:
-    """An entity's name as its items' labels show it, worked out once, when first asked for."""
-
-    __slots__ = ("_name", "_shown")
-
-    def __init__(self, name: str) -> None:
-        self._name, self._shown = name, ""
-
-    def __call__(self) -> str:
-        if not self._shown:
-            self._shown = _name(self._name)
-        return self._shown
 
 
 def _graph_capture(text: str, type_ref: str, source_ref: str, evidence_of: dict[str, Any]) -> dict[str, Any]:
@@ -412,7 +399,7 @@ def _graph_line(path: Path, number: int, obj: Any) -> list[Item]:
             and all(isinstance(o, str) for o in obj["observations"]):
         name, etype, observations = obj["name"], obj["entityType"], obj["observations"]
         type_ref, source_ref = f"{GRAPH_SOURCE}:entity:{etype}", f"{GRAPH_SOURCE}:entity:{name}"
-        shown = _Shown(name)  # screened once for the entity's observations, if a report names one
+        shown = functools.cache(lambda: _name(name))  # screened once, if a report names an item
         if not observations:
             return [_graph_item(lambda: f"line {number} entity {shown()}", f"{name} ({etype})", type_ref, source_ref,
                                 {"type": "entity", "name": name, "entityType": etype})]
