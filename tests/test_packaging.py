@@ -195,7 +195,10 @@ def test_the_wheel_ships_what_its_commands_read_and_no_study(tmp_path: Path) -> 
     warned = [line for line in done.stderr.splitlines() if "Warning: " in line]  # warnings.warn's form
     assert not warned, warned
     [wheel] = tmp_path.glob("engram_memory-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    entries = zipfile.ZipFile(wheel).infolist()
+    names = {entry.filename for entry in entries}
+    # Stored, not deflated (setup.py): deflating the model's weights is most of a local build's time.
+    assert {entry.compress_type for entry in entries} == {zipfile.ZIP_STORED}
     for shipped in ("engram_memory/checks/secrets/corpus.jsonl", "engram_memory/checks/secrets/probes.jsonl",
                     "engram_memory/checks/secrets_corpus.py", "engram_memory/eval/harness.py"):
         assert shipped in names, shipped
