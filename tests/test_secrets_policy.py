@@ -375,3 +375,21 @@ def test_no_document_of_the_development_collections_is_rejected() -> None:
     shipped sample goes through the screen: none may be taken for a secret (2 min: `-m slow`)."""
     screened, rejected = _screen_the_development_collections(1)
     assert screened > 12_000 and rejected == [], rejected[:10]
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    # AWS's documented example keys, said to be examples: the rules read them as placeholders ...
+    ("The AWS docs use AKIAIOSFODNN7EXAMPLE as the sample access key; ours is in Parameter Store.", False),
+    ("AWS 文档里的示例密钥 AKIAIOSFODNN7EXAMPLE 是假的", False),
+    ("aws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+     "   # from the AWS docs", False),
+    # ... not when nothing says so: people paste the example as their own key (probes, frozen corpus).
+    ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", True),
+    ("my AWS secret access key is wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", True),
+    # and a real-shaped key beside the word "example" is still a key
+    ("example config: aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq8Tr4Ws", True),
+])
+def test_a_documented_example_key_said_to_be_one_is_not_a_secret(text: str, secret: bool) -> None:
+    from engram_memory.store.screen.secrets import find_rule_secret
+
+    assert (find_rule_secret(text) is not None) is secret, text

@@ -13,6 +13,7 @@ credentials laid out in tables and configs (store/screen/secret_layouts.py), the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,10 +30,22 @@ __all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secre
 # ---- the screen -----------------------------------------------------------------------------------
 
 
+# A provider's documentation example (AWS ends every example key so: AKIAIOSFODNN7EXAMPLE,
+# wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY) in a text that says it is one (docs, an example, a sample,
+# a tutorial, in the screen's languages) grants nothing: the rules read it as a placeholder. Without
+# such words it is still screened: people paste the example as their own key.
+_DOCUMENTED_EXAMPLE = re.compile(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{4,40}EXAMPLE(?:KEY)?(?![A-Za-z0-9/+])")
+_SAYS_EXAMPLE = re.compile(r"(?i)\bdoc|exampl|exempl|ejempl|esempi|beispiel|voorbeeld|sample|tutorial|例")
+
+
 def find_rule_secret(text: str) -> str | None:
     """The kind of the first secret the rules find in ``text``, or None. Never returns the value."""
     if not text or len(text) < MIN_SECRET_CHARS:
         return None
+    if "EXAMPLE" in text:
+        masked = _DOCUMENTED_EXAMPLE.sub("<example>", text)
+        if _SAYS_EXAMPLE.search(masked.replace("<example>", "")):
+            text = masked
     found = find_shape(text) or find_in_layout(text)
     if found:
         return found
