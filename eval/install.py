@@ -160,7 +160,8 @@ def bench_install_cmd(
                "semantic_ready_seconds": round(ready, 2)}
     # Not a target: `pip install .` (the README's command) builds the wheel first, then installs it.
     report = {"wheel": wheel.name, "wheel_mb": round(wheel.stat().st_size / 1e6, 1),
-              "build_seconds": round(build_seconds, 1), "python": sys.version.split()[0], "figures": figures, "targets": TARGETS,
+              "build_seconds": round(build_seconds, 1), "python": sys.version.split()[0], "figures": figures,
+              "targets": TARGETS,
               "ratios": {k: round(v / TARGETS[k], 2) for k, v in figures.items()},
               "torch_stack_installed": sorted(p for p in TORCH_STACK if p in packages),
               "packages": len(packages)}
