@@ -37,21 +37,34 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from engram_memory.store.screen.secret_model import ARTEFACT, DIM, DIM_BITS, NGRAMS, WINDOW, features, windows
+from engram_memory.store.screen.secret_model import (
+    ARTEFACT,
+    DIM,
+    DIM_BITS,
+    NGRAMS,
+    VETOABLE,
+    WINDOW,
+    features,
+    windows,
+)
 
 Opt = typer.Option
 
 DATA = Path(__file__).resolve().parent / "secrets"
-# Every round that has had its blind first run (rounds 6 and 7 bring Japanese and Chinese); round 8
-# (heldout8.jsonl) is kept out until this screen's first run on it.
+# Every round that has had its blind first run (rounds 6 and 7 bring Japanese and Chinese), and
+# train10.jsonl, written to be trained on; round 9 (heldout9.jsonl) is kept out until its first run.
 LABELLED = ("corpus.jsonl", "probes.jsonl", "frozen.jsonl", "heldout.jsonl", "heldout2.jsonl", "heldout3.jsonl",
-            "heldout4.jsonl", "heldout6.jsonl", "heldout7.jsonl")
+            "heldout4.jsonl", "heldout6.jsonl", "heldout7.jsonl", "heldout8.jsonl", "train10.jsonl")
 SEED = 36
 PROSE_PER_FILE = 600
 FOLDS = 5
 C = 4.0
 FPR_CAP = 0.015  # out-of-fold false-positive rate of rules OR classifier on the labelled benign examples
 GUARD_MARGIN = 0.02  # the threshold stays this far above the highest development-collection window
+# Probabilities below which the model may overrule a statement rule (store/screen/secret_model.VETOABLE);
+# 0: never. The training picks one with the threshold, by out-of-fold recall under FPR_CAP.
+VETO_GRID = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3)
+VETO_LOSS = 0.02  # out-of-fold recall a veto may cost any labelled corpus against the rules alone
 
 
 def labelled_examples(folder: Path = DATA) -> list[dict[str, Any]]:
@@ -143,7 +156,7 @@ def rates(y: np.ndarray, flagged: np.ndarray) -> dict[str, Any]:
 def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Train, choose the threshold, write the artefact to ``out``; ``rows`` replaces the labelled
     corpora (the reproducibility test trains on a few of them)."""
-    from engram_memory.store.screen.secrets import find_rule_secret
+    from engram_memory.store.screen.secrets import rule_findings
 
     rows = labelled_examples() if rows is None else rows
     prose, prose_counts = prose_sample(data)
@@ -151,7 +164,9 @@ def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | 
     texts = [r["text"] for r in rows] + prose
     y = np.array([r["y"] for r in rows] + [0] * len(prose))
     x = matrix(texts)
-    rules = np.array([find_rule_secret(r["text"]) is not None for r in rows])
+    findings = [list(rule_findings(r["text"])) for r in rows]
+    rules = np.array([bool(f) for f in findings])
+    sure = np.array([any(kind not in VETOABLE for kind in f) for f in findings])  # no model overrules these
 
     # Out-of-fold scores of the labelled examples (the prose is split into the folds as well).
     order = np.random.RandomState(SEED).permutation(len(texts))
@@ -164,13 +179,29 @@ def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | 
         oof[test_rows] = window_max([texts[i] for i in test_rows], w, b)
         say(f"fold {k + 1}/{FOLDS}")
     n = len(rows)
-    benign = y[:n] == 0
-    threshold_cv = 1.0
-    for t in sorted(set(np.round(oof[:n], 4).tolist()) | {0.5}):
-        flagged = rules | (oof[:n] >= t)
-        if (flagged & benign).sum() / benign.sum() <= FPR_CAP:
-            threshold_cv = t
-            break
+    benign, secret = y[:n] == 0, y[:n] == 1
+
+    def decide(veto: float, t: float, p: np.ndarray) -> np.ndarray:
+        """What find_secret decides: a sure rule, a statement rule the model does not overrule, or the model."""
+        return sure | (rules & (p >= veto)) | (p >= t)
+
+    # For each veto, the lowest threshold whose out-of-fold false-positive rate stays under the cap;
+    # the pair that catches the most secrets (ties: the smaller veto), among the vetoes that cost no
+    # corpus more than VETO_LOSS of the recall the rules alone have on it.
+    corpora = {name: np.array([r["set"] == name for r in rows]) & secret for name in {r["set"] for r in rows}}
+
+    def keeps_the_rules(flagged: np.ndarray) -> bool:
+        return all((flagged & m).sum() >= (rules & m).sum() - VETO_LOSS * m.sum() for m in corpora.values())
+
+    veto, threshold_cv, best = 0.0, 1.0, -1
+    for v in VETO_GRID:
+        for t in sorted(set(np.round(oof[:n], 4).tolist()) | {0.5}):
+            flagged = decide(v, t, oof[:n])
+            if (flagged & benign).sum() / benign.sum() <= FPR_CAP:
+                if keeps_the_rules(flagged) and int((flagged & secret).sum()) > best:
+                    veto, threshold_cv, best = v, t, int((flagged & secret).sum())
+                break
+    say(f"veto {veto}: out-of-fold recall {best / max(1, int(secret.sum())):.4f}")
 
     weights, bias = fit(x, y)
     shipped = weights.astype("<f2")
@@ -193,7 +224,7 @@ def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | 
     for name in sorted(groups):
         ix = np.array(groups[name])
         per[name] = {"rules": rates(y[ix], rules[ix]),
-                     "rules_or_classifier": rates(y[ix], rules[ix] | (oof[ix] >= threshold))}
+                     "rules_or_classifier": rates(y[ix], decide(veto, threshold, oof[:n])[ix])}
     card = {
         "model": "engram-memory learned secrets screen",
         "issue": 36,
@@ -223,7 +254,10 @@ def train(data: Path, out: Path, say: Any = print, rows: list[dict[str, Any]] | 
         "bias": bias,
         "threshold": threshold,
         "threshold_rule": {"cross_validated": threshold_cv, "fpr_cap": FPR_CAP, "folds": FOLDS,
-                           "prose_max": round(guard_max, 4), "prose_margin": GUARD_MARGIN},
+                           "prose_max": round(guard_max, 4), "prose_margin": GUARD_MARGIN,
+                           "veto_grid": list(VETO_GRID), "veto_loss": VETO_LOSS},
+        "veto": veto,
+        "vetoable": sorted(VETOABLE),
         "cross_validated": per,
         "note": "Every figure here is out-of-fold on development data (each round was run once blind, then "
                 "became development data); the unseen figures are each blind round's first run, recorded in "

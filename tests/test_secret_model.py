@@ -125,3 +125,34 @@ def test_a_lone_surrogate_is_screened_not_a_crash() -> None:
         find_secret(text)  # no UnicodeEncodeError
     model = load_model()
     assert model is not None and not model.fires("the \ud800 release ships on Friday")
+
+
+def test_the_model_may_overrule_a_statement_rule_and_never_a_sure_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statement rule's finding stands only if the model's probability reaches the card's veto; a
+    token shape, a header or a key never depends on the model. A vetoed first line does not hide a
+    sure finding on a later one."""
+    from engram_memory.store.screen import secrets as screen
+    from engram_memory.store.screen.secret_model import VETOABLE, SecretModel
+
+    shipped = load_model()
+    assert shipped is not None
+    statement = "the admin password for the staging console is Tr0ub4dor-and-3"
+    header = "Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+    assert find_rule_secret(statement) in VETOABLE and find_rule_secret(header) not in VETOABLE
+    vetoing = SecretModel(weights=shipped.weights, bias=shipped.bias, threshold=1.01, veto=1.0)  # overrules all
+    assert vetoing.overrules(find_rule_secret(statement), statement)
+    assert not vetoing.overrules(find_rule_secret(header), header)
+    assert not SecretModel(weights=shipped.weights, bias=shipped.bias, threshold=1.01).overrules(
+        find_rule_secret(statement), statement)  # veto 0: never
+    monkeypatch.setattr(screen, "load_model", lambda: vetoing)
+    assert find_secret(statement) is None
+    assert find_secret(statement + "\n" + header) == find_rule_secret(header)
+    with rules_only():
+        assert find_secret(statement) == find_rule_secret(statement)
+
+
+def test_the_shipped_card_names_its_veto() -> None:
+    card = json.loads((ARTEFACT / "card.json").read_text(encoding="utf-8"))
+    model = load_model()
+    assert model is not None and model.veto == card["veto"] and card["veto"] in card["threshold_rule"]["veto_grid"]
+    assert 0.0 <= model.veto < model.threshold

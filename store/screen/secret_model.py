@@ -38,7 +38,7 @@ from zlib import crc32
 
 import numpy as np
 
-__all__ = ["ARTEFACT", "DIM", "SecretModel", "features", "load_model", "windows"]
+__all__ = ["ARTEFACT", "DIM", "VETOABLE", "SecretModel", "features", "load_model", "windows"]
 
 ARTEFACT = Path(__file__).resolve().parent / "secret_model_artefact"
 DIM_BITS = 17
@@ -61,11 +61,19 @@ _CJK_NOUNS = re.compile(
 _VALUE_CUES = re.compile(r"\s*(?:[:=：]|is\b|est\b|es\b|ist\b|lautet\b|è\b|é\b|is:|は|是|为|為|が|：)")
 
 
+# The rules that read what a text says rather than a token's shape: a statement can be a
+# look-alike ("the password is on the sticky note"), so the model may overrule them -- one fires
+# only if the model's probability reaches the card's ``veto`` as well. Shapes, keys and URLs stay
+# sure.
+VETOABLE = frozenset({"prose_credential", "config_password", "config_secret"})
+
+
 @dataclass(frozen=True)
 class SecretModel:
     weights: np.ndarray  # float32, DIM
     bias: float
     threshold: float
+    veto: float = 0.0  # a VETOABLE rule's finding below this probability is dropped (0: never)
 
     def probability(self, text: str, where: str | None = None) -> float:
         """The highest window's probability that ``text`` carries a secret."""
@@ -80,6 +88,11 @@ class SecretModel:
 
     def fires(self, text: str, where: str | None = None) -> bool:
         return self.probability(text, where) >= self.threshold
+
+    def overrules(self, kind: str, text: str, where: str | None = None) -> bool:
+        """Whether a rule's finding of ``kind`` in ``text`` is dropped: a VETOABLE kind the model
+        scores below its veto."""
+        return kind in VETOABLE and self.veto > 0.0 and self.probability(text, where) < self.veto
 
 
 def windows(text: str) -> list[str]:
@@ -246,4 +259,5 @@ def load_model(folder: Path = ARTEFACT) -> SecretModel | None:
     weights = np.load(weights_path).astype(np.float32)
     if weights.shape != (DIM,):
         raise ValueError(f"{weights_path}: expected {DIM} weights, found {weights.shape}")
-    return SecretModel(weights=weights, bias=float(card["bias"]), threshold=float(card["threshold"]))
+    return SecretModel(weights=weights, bias=float(card["bias"]), threshold=float(card["threshold"]),
+                       veto=float(card.get("veto", 0.0)))

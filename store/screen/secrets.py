@@ -25,7 +25,8 @@ from engram_memory.store.screen.secret_layouts import find_in_layout
 from engram_memory.store.screen.secret_model import load_model
 from engram_memory.store.screen.statements import find_statement
 
-__all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secret", "rules_only", "strings_of"]
+__all__ = ["CLASSIFIER_KIND", "contains_secret", "find_rule_secret", "find_secret", "rule_findings", "rules_only",
+           "strings_of"]
 
 # ---- the screen -----------------------------------------------------------------------------------
 
@@ -40,22 +41,27 @@ _SAYS_EXAMPLE = re.compile(r"(?i)\bdoc|exampl|exempl|ejempl|esempi|beispiel|voor
 
 def find_rule_secret(text: str) -> str | None:
     """The kind of the first secret the rules find in ``text``, or None. Never returns the value."""
+    return next(rule_findings(text), None)
+
+
+def rule_findings(text: str) -> Iterator[str]:
+    """What the rules find in ``text``, in order: token shapes and layouts over the whole text, then
+    each line's first finding."""
     if not text or len(text) < MIN_SECRET_CHARS:
-        return None
+        return
     if "EXAMPLE" in text:
         masked = _DOCUMENTED_EXAMPLE.sub("<example>", text)
         if _SAYS_EXAMPLE.search(masked.replace("<example>", "")):
             text = masked
     found = find_shape(text) or find_in_layout(text)
     if found:
-        return found
+        yield found
     for line in text.splitlines() or [text]:
         if len(line) < MIN_SECRET_CHARS:
             continue
         found = find_in_line(line) or (names_a_statement(line) and find_statement(line)) or None
         if found:
-            return found
-    return None
+            yield found
 
 
 # The learned screen beside the rules (store/screen/secret_model.py): on unless a caller measuring the rules
@@ -76,15 +82,21 @@ def rules_only() -> Iterator[None]:
 
 def find_secret(text: str) -> str | None:
     """The kind of the first secret in ``text`` (a rule's kind, or ``"classifier"`` when only the learned
-    screen fires), or None. Never returns the value. The decision is: a rule fires OR the model's
-    probability reaches the threshold shipped in its card."""
-    found = find_rule_secret(text)
-    if found or not _LEARNED.get() or not text or len(text) < MIN_SECRET_CHARS:
+    screen fires), or None. Never returns the value. The decision is: a rule fires (a statement rule
+    only if the model does not overrule it: ``SecretModel.overrules``) OR the model's probability
+    reaches the threshold shipped in its card."""
+    findings = rule_findings(text)
+    found = next(findings, None)
+    if not _LEARNED.get() or not text or len(text) < MIN_SECRET_CHARS:
         return found
     model = load_model()
-    if model is not None and model.fires(text):
-        return CLASSIFIER_KIND
-    return None
+    if model is None:
+        return found
+    while found is not None and model.overrules(found, text):
+        found = next(findings, None)  # a later line may hold what no model overrules
+    if found is not None:
+        return found
+    return CLASSIFIER_KIND if model.fires(text) else None
 
 
 def strings_of(obj: Any) -> Iterator[str]:
