@@ -138,7 +138,9 @@ def test_the_model_may_overrule_a_statement_rule_and_never_a_sure_one(monkeypatc
     assert shipped is not None
     statement = "the admin password for the staging console is Tr0ub4dor-and-3"
     header = "Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+    assignment = "Notes from the incident. password: correcthorsebattery Follow-up owed."
     assert find_rule_secret(statement) in VETOABLE and find_rule_secret(header) not in VETOABLE
+    assert find_rule_secret(assignment) not in VETOABLE  # a key = value is sure, whatever the model says
     vetoing = SecretModel(weights=shipped.weights, bias=shipped.bias, threshold=1.01, veto=1.0)  # overrules all
     assert vetoing.overrules(find_rule_secret(statement), statement)
     assert not vetoing.overrules(find_rule_secret(header), header)
@@ -147,6 +149,7 @@ def test_the_model_may_overrule_a_statement_rule_and_never_a_sure_one(monkeypatc
     monkeypatch.setattr(screen, "load_model", lambda: vetoing)
     assert find_secret(statement) is None
     assert find_secret(statement + "\n" + header) == find_rule_secret(header)
+    assert find_secret(assignment) == find_rule_secret(assignment)
     with rules_only():
         assert find_secret(statement) == find_rule_secret(statement)
 

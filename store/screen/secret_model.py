@@ -61,11 +61,11 @@ _CJK_NOUNS = re.compile(
 _VALUE_CUES = re.compile(r"\s*(?:[:=：]|is\b|est\b|es\b|ist\b|lautet\b|è\b|é\b|is:|は|是|为|為|が|：)")
 
 
-# The rules that read what a text says rather than a token's shape: a statement can be a
-# look-alike ("the password is on the sticky note"), so the model may overrule them -- one fires
-# only if the model's probability reaches the card's ``veto`` as well. Shapes, keys and URLs stay
-# sure.
-VETOABLE = frozenset({"prose_credential", "config_password", "config_secret"})
+# The rule that reads what a sentence says rather than a token's shape or a key = value: a statement
+# can be a look-alike ("the password is on the sticky note"), so the model may overrule it -- it
+# fires only if the model's probability reaches the card's ``veto`` as well. Shapes, keys,
+# assignments ("password: correcthorsebattery"), headers and URLs stay sure.
+VETOABLE = frozenset({"prose_credential"})
 
 
 @dataclass(frozen=True)
